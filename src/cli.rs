@@ -1,0 +1,428 @@
+//! The command line (DESIGN.md §6). Parsing and output live here; every
+//! command delegates to the queue, worker or demo modules. Errors are one line
+//! on stderr and a non-zero exit.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::clock::Clock;
+use crate::config::{parse_duration, Config};
+use crate::db;
+use crate::job::Registry;
+use crate::key::{parse_date, JobKey};
+use crate::queue::{self, NewRun, RunStatus};
+use crate::worker::{self, Shutdown, WorkerOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "batchonce",
+    version,
+    about = "Scheduled business batch jobs, exactly once per business key, on PostgreSQL."
+)]
+struct Cli {
+    /// PostgreSQL URL (or DATABASE_URL). Only `demo` works without one.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Configuration file (or BATCHONCE_CONFIG); default ./batchonce.toml if present.
+    #[arg(long, env = "BATCHONCE_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log format on stderr; JSON by default when stderr is not a terminal.
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The whole system on one machine, on the embedded default database.
+    Demo,
+    /// Applies the migrations of the engine and of every job kind.
+    Migrate,
+    /// Enqueues one run: prints `enqueued KEY` or `duplicate KEY`.
+    Enqueue {
+        /// Job name, e.g. daily-settlement.
+        job: String,
+        /// Business date, YYYY-MM-DD.
+        #[arg(long)]
+        date: String,
+    },
+    /// A worker process: leases and executes runs until SIGTERM/SIGINT.
+    Worker {
+        /// Runs executed at once.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        /// Worker id (default: <host>-<pid>); also the database application_name.
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// After SIGTERM, how long handlers may take to reach a chunk boundary.
+        #[arg(long, default_value = "20s", value_parser = duration_arg)]
+        grace: Duration,
+        /// How often to look for due runs without a notification.
+        #[arg(long, default_value = "2s", value_parser = duration_arg)]
+        poll_interval: Duration,
+        /// Do not LISTEN for enqueue notifications (poll only).
+        #[arg(long)]
+        no_listen: bool,
+    },
+    /// Inspects runs.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Counts per job and status, oldest pending run, stale runs.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// Lists runs, newest business date first.
+    List {
+        /// PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        limit: u32,
+    },
+    /// One run with its attempt history.
+    Show { key: String },
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+/// Runs the command line with the given job kinds; the `batchonce` binary's
+/// whole `main`.
+pub fn main(registry: Registry) -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand)
+            {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+            // clap's own message, without the usage block: one line.
+            let text = e.render().to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments")
+                .trim()
+                .trim_start_matches("error: ");
+            eprintln!("batchonce: error: {line} (see batchonce --help)");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&cli);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("batchonce: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli, registry)) {
+        Ok(code) => code,
+        Err(e) => {
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("batchonce: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let default = match cli.command {
+        Command::Worker { .. } => "info",
+        _ => "warn",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let json = match cli.log_format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Text) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).with_current_span(false).init();
+    } else {
+        builder.init();
+    }
+}
+
+fn load_config(cli: &Cli, registry: &Registry) -> anyhow::Result<Config> {
+    let kinds = registry.default_configs();
+    match &cli.config {
+        Some(path) => Ok(Config::load(path, &kinds)?),
+        None if Path::new("batchonce.toml").is_file() => {
+            Ok(Config::load(Path::new("batchonce.toml"), &kinds)?)
+        }
+        None => Ok(Config::defaults(&kinds)),
+    }
+}
+
+fn require_url(cli: &Cli) -> anyhow::Result<&str> {
+    match cli.database_url.as_deref() {
+        Some(u) if !u.trim().is_empty() => Ok(u),
+        _ => bail!("no database: set DATABASE_URL or pass --database-url (only `demo` starts its own)"),
+    }
+}
+
+async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
+    let config = load_config(&cli, &registry)?;
+    match &cli.command {
+        Command::Demo => {
+            let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Migrate => {
+            let pool = db::connect(require_url(&cli)?, "batchonce-migrate", 2).await?;
+            db::migrate(&pool, &registry.migrations()).await?;
+            let n = db::combined(&registry.migrations()).iter().count();
+            if cli.json {
+                println!("{}", json!({"migrated": true, "migrations": n}));
+            } else {
+                println!("migrations applied ({n} known)");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Enqueue { job, date } => {
+            let job = registry.resolve(job).map_err(|e| anyhow!(e))?;
+            let date = parse_date(date)?;
+            let cfg = config.job(&job).cloned().unwrap_or_default();
+            let pool = db::connect(require_url(&cli)?, "batchonce-enqueue", 2).await?;
+            let run = NewRun {
+                key: JobKey::daily(&job, date),
+                job,
+                business_date: date,
+                max_attempts: cfg.max_attempts,
+                payload: json!({}),
+            };
+            let report = queue::enqueue(&pool, std::slice::from_ref(&run), Clock::Db)
+                .await
+                .context("enqueue failed")?;
+            let result = if report.enqueued.is_empty() { "duplicate" } else { "enqueued" };
+            if cli.json {
+                println!("{}", json!({"result": result, "job_key": run.key.as_str()}));
+            } else {
+                println!("{result} {}", run.key);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker {
+            concurrency,
+            worker_id,
+            grace,
+            poll_interval,
+            no_listen,
+        } => {
+            let url = require_url(&cli)?;
+            let worker_id = match worker_id {
+                Some(id) => validate_worker_id(id)?,
+                None => default_worker_id(),
+            };
+            // Handlers and claims share the main pool; heartbeats get their own.
+            let pool = db::connect_lazy(url, &worker_id, concurrency + 3)?;
+            let heartbeat_pool = db::connect_lazy(url, &worker_id, 1)?;
+            let mut opts = WorkerOptions::new(worker_id);
+            opts.concurrency = *concurrency;
+            opts.grace = *grace;
+            opts.poll_interval = *poll_interval;
+            opts.listen = !no_listen;
+            let signals = Shutdown::default();
+            spawn_signal_handler(signals.clone())?;
+            worker::run(registry, config, pool, heartbeat_pool, opts, signals).await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs { command } => {
+            let pool = db::connect(require_url(&cli)?, "batchonce-runs", 2).await?;
+            runs_command(&pool, &registry, command, cli.json).await
+        }
+        Command::Status => {
+            let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
+            let stale_after: Vec<_> = config
+                .jobs
+                .iter()
+                .map(|(n, c)| (n.clone(), c.stale_after))
+                .collect();
+            let st = queue::status(&pool, &stale_after, Clock::Db).await?;
+            if cli.json {
+                println!("{}", serde_json::to_string(&st)?);
+            } else {
+                println!("{:<28} {:<10} {:>8}", "JOB", "STATUS", "RUNS");
+                for c in &st.counts {
+                    println!("{:<28} {:<10} {:>8}", c.job_name, c.status, c.runs);
+                }
+                match st.oldest_pending_seconds {
+                    Some(s) => println!("oldest due pending run: {s:.0}s"),
+                    None => println!("oldest due pending run: none"),
+                }
+                println!("expired leases: {}", st.expired_leases);
+                println!("stale runs: {}", if st.stale.is_empty() { "none".to_owned() } else { st.stale.join(", ") });
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn runs_command(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    command: &RunsCommand,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        RunsCommand::List { status, job, limit } => {
+            let status = match status {
+                Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
+                    anyhow!("unknown status {s:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)")
+                })?),
+                None => None,
+            };
+            let job = match job {
+                Some(j) => Some(registry.resolve(j).map_err(|e| anyhow!(e))?),
+                None => None,
+            };
+            let runs = queue::list_runs(pool, status, job.as_ref(), *limit).await?;
+            if json_out {
+                println!("{}", serde_json::to_string(&runs)?);
+            } else {
+                println!(
+                    "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} FINISHED",
+                    "KEY", "STATUS", "ATTEMPTS", "PROCESSED", "FAILED", "STARTED"
+                );
+                for r in runs {
+                    println!(
+                        "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} {}",
+                        r.job_key,
+                        r.status,
+                        format!("{}/{}", r.attempts, r.max_attempts),
+                        r.processed_count,
+                        r.failed_count,
+                        r.started_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
+                        r.finished_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Show { key } => {
+            let key = JobKey::parse(key)?;
+            let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
+                bail!("no run with key {key}");
+            };
+            if json_out {
+                println!("{}", json!({"run": run, "attempts": attempts}));
+            } else {
+                println!("key:          {}", run.job_key);
+                println!("job:          {}", run.job_name);
+                println!("business date {}", run.business_date);
+                println!("status:       {}", run.status);
+                println!("attempts:     {}/{}", run.attempts, run.max_attempts);
+                println!("processed:    {} (failed {})", run.processed_count, run.failed_count);
+                println!("enqueued at:  {}", run.enqueued_at.to_rfc3339());
+                println!("next run at:  {}", run.next_run_at.to_rfc3339());
+                if let Some(o) = &run.lease_owner {
+                    println!("lease:        {o} token {} expires {}", run.lease_token.unwrap_or_default(),
+                        run.lease_expires_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()));
+                }
+                if let Some(e) = &run.error_message {
+                    println!("message:      {e}");
+                }
+                println!("attempts:");
+                for a in attempts {
+                    println!(
+                        "  #{:<3} {:<24} token {:<6} {:<14} processed {:<6} failed {:<4} {} .. {}{}",
+                        a.attempt,
+                        a.worker_id,
+                        a.lease_token,
+                        a.outcome.as_deref().unwrap_or("running"),
+                        a.processed_count,
+                        a.failed_count,
+                        a.started_at.to_rfc3339(),
+                        a.finished_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
+                        a.error_message.map(|e| format!("  ({e})")).unwrap_or_default(),
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn validate_worker_id(id: &str) -> anyhow::Result<String> {
+    if id.is_empty()
+        || id.len() > 63
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        bail!("invalid worker id {id:?}: use 1-63 letters, digits, '-', '_' or '.'");
+    }
+    Ok(id.to_owned())
+}
+
+fn default_worker_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".into());
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(40)
+        .collect();
+    format!("{host}-{}", std::process::id())
+}
+
+/// SIGTERM/SIGINT start a graceful shutdown; a second one aborts at once.
+fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::spawn(async move {
+        for n in 0..2 {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if n == 0 {
+                tracing::info!("signal received: graceful shutdown (send again to abort)");
+                signals.shutdown.cancel();
+            } else {
+                tracing::warn!("second signal: abandoning running handlers");
+                signals.abort.cancel();
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! The configuration file (`batchonce.toml`): one `[jobs.<name>]` table per job
+//! kind with its time zone and policies. Parsing is strict: an unknown key, a
+//! bad time zone or a bad duration is an error that names the key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono_tz::Tz;
+
+use crate::key::JobName;
+
+/// What happens to a run whose lease expired (DESIGN.md §4.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseExpiryPolicy {
+    /// Back to PENDING with a new token; counts as an attempt.
+    Retry,
+    /// Stays RUNNING and is reported stale for an operator.
+    Hold,
+}
+
+impl LeaseExpiryPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Hold => "hold",
+        }
+    }
+}
+
+/// The policies of one job kind, after defaults and the file are merged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    /// The business time zone: business dates are computed in it.
+    pub timezone: Tz,
+    /// Attempts before a run is FAILED (claims, including lease expiries).
+    pub max_attempts: u32,
+    /// How long a lease lasts without a heartbeat.
+    pub lease_ttl: Duration,
+    /// Age of a RUNNING run after which it is reported stale.
+    pub stale_after: Duration,
+    /// Items per fenced transaction.
+    pub chunk_size: u32,
+    /// First retry delay; doubles per failed attempt, with jitter.
+    pub backoff: Duration,
+    /// Upper bound of the retry delay.
+    pub backoff_max: Duration,
+    /// Pause between chunks, to spare the source database (0 = none).
+    pub chunk_pause: Duration,
+    pub on_lease_expiry: LeaseExpiryPolicy,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self {
+            timezone: Tz::UTC,
+            max_attempts: 5,
+            lease_ttl: Duration::from_secs(30),
+            stale_after: Duration::from_secs(20 * 60),
+            chunk_size: 500,
+            backoff: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(600),
+            chunk_pause: Duration::ZERO,
+            on_lease_expiry: LeaseExpiryPolicy::Retry,
+        }
+    }
+}
+
+const JOB_KEYS: &[&str] = &[
+    "timezone",
+    "max_attempts",
+    "lease_ttl",
+    "stale_after",
+    "chunk_size",
+    "backoff",
+    "backoff_max",
+    "chunk_pause",
+    "on_lease_expiry",
+];
+
+/// A configuration problem, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: line {line}: {message}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{origin}: `{key}`: {message}")]
+    Key {
+        origin: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// The whole configuration: every registered job kind has an entry.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from (a path, or "built-in defaults").
+    pub origin: String,
+    pub jobs: BTreeMap<JobName, JobConfig>,
+}
+
+impl Config {
+    /// Built-in defaults only, for the given job kinds.
+    pub fn defaults(kinds: &BTreeMap<JobName, JobConfig>) -> Self {
+        Self {
+            origin: "built-in defaults".into(),
+            jobs: kinds.clone(),
+        }
+    }
+
+    /// Reads and validates a file against the registered job kinds.
+    pub fn load(path: &Path, kinds: &BTreeMap<JobName, JobConfig>) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string(), kinds)
+    }
+
+    /// Parses configuration text; `origin` names it in errors.
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        kinds: &BTreeMap<JobName, JobConfig>,
+    ) -> Result<Self, ConfigError> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                .unwrap_or(0);
+            ConfigError::Syntax {
+                origin: origin.to_owned(),
+                line,
+                message: e.message().trim().to_owned(),
+            }
+        })?;
+        let key_err = |key: &str, message: String| ConfigError::Key {
+            origin: origin.to_owned(),
+            key: key.to_owned(),
+            message,
+        };
+        let mut jobs = kinds.clone();
+        for (top, value) in &table {
+            if top != "jobs" {
+                return Err(key_err(top, "unknown key (expected `jobs`)".into()));
+            }
+            let toml::Value::Table(job_tables) = value else {
+                return Err(key_err("jobs", "must be a table of [jobs.<name>] tables".into()));
+            };
+            for (name, job_value) in job_tables {
+                let path = format!("jobs.{name}");
+                let known: Vec<&str> = kinds.keys().map(JobName::as_str).collect();
+                let job_name = JobName::parse(name)
+                    .ok()
+                    .filter(|n| kinds.contains_key(n))
+                    .ok_or_else(|| {
+                        key_err(
+                            &path,
+                            format!("unknown job (registered: {})", known.join(", ")),
+                        )
+                    })?;
+                let toml::Value::Table(fields) = job_value else {
+                    return Err(key_err(&path, "must be a table".into()));
+                };
+                // Invariant: job_name was found in `kinds`, which `jobs` copies.
+                let cfg = jobs.get_mut(&job_name).expect("registered job");
+                apply_job_table(cfg, fields, &path).map_err(|(k, m)| key_err(&k, m))?;
+            }
+        }
+        Ok(Self {
+            origin: origin.to_owned(),
+            jobs,
+        })
+    }
+
+    pub fn job(&self, name: &JobName) -> Option<&JobConfig> {
+        self.jobs.get(name)
+    }
+}
+
+fn apply_job_table(
+    cfg: &mut JobConfig,
+    fields: &toml::Table,
+    path: &str,
+) -> Result<(), (String, String)> {
+    for (key, value) in fields {
+        let full = format!("{path}.{key}");
+        let err = |m: String| (full.clone(), m);
+        match key.as_str() {
+            "timezone" => {
+                let s = as_str(value).map_err(err)?;
+                cfg.timezone = s.parse::<Tz>().map_err(|_| {
+                    err(format!(
+                        "unknown time zone {s:?} (use an IANA name such as Asia/Seoul)"
+                    ))
+                })?;
+            }
+            "max_attempts" => cfg.max_attempts = as_int(value, 1, 1000).map_err(err)? as u32,
+            "chunk_size" => cfg.chunk_size = as_int(value, 1, 100_000).map_err(err)? as u32,
+            "lease_ttl" => cfg.lease_ttl = as_duration(value).map_err(err)?,
+            "stale_after" => cfg.stale_after = as_duration(value).map_err(err)?,
+            "backoff" => cfg.backoff = as_duration(value).map_err(err)?,
+            "backoff_max" => cfg.backoff_max = as_duration(value).map_err(err)?,
+            "chunk_pause" => cfg.chunk_pause = as_duration_or_zero(value).map_err(err)?,
+            "on_lease_expiry" => {
+                cfg.on_lease_expiry = match as_str(value).map_err(err)? {
+                    "retry" => LeaseExpiryPolicy::Retry,
+                    "hold" => LeaseExpiryPolicy::Hold,
+                    other => {
+                        return Err(err(format!(
+                            "unknown policy {other:?} (expected \"retry\" or \"hold\")"
+                        )))
+                    }
+                }
+            }
+            _ => {
+                return Err(err(format!(
+                    "unknown key (expected one of: {})",
+                    JOB_KEYS.join(", ")
+                )))
+            }
+        }
+    }
+    let bound = |key: &str, m: &str| (format!("{path}.{key}"), m.to_owned());
+    if cfg.lease_ttl < Duration::from_secs(1) || cfg.lease_ttl > Duration::from_secs(86_400) {
+        return Err(bound("lease_ttl", "must be between 1s and 24h"));
+    }
+    if cfg.stale_after < cfg.lease_ttl {
+        return Err(bound("stale_after", "must not be shorter than lease_ttl"));
+    }
+    if cfg.backoff > cfg.backoff_max {
+        return Err(bound("backoff", "must not be longer than backoff_max"));
+    }
+    if cfg.backoff_max > Duration::from_secs(7 * 86_400) {
+        return Err(bound("backoff_max", "must be at most 7d"));
+    }
+    if cfg.chunk_pause > Duration::from_secs(60) {
+        return Err(bound("chunk_pause", "must be at most 60s"));
+    }
+    Ok(())
+}
+
+fn as_str(v: &toml::Value) -> Result<&str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("expected a string, found {}", v.type_str()))
+}
+
+fn as_int(v: &toml::Value, min: i64, max: i64) -> Result<i64, String> {
+    let n = v
+        .as_integer()
+        .ok_or_else(|| format!("expected an integer, found {}", v.type_str()))?;
+    if n < min || n > max {
+        return Err(format!("{n} is out of range {min}..={max}"));
+    }
+    Ok(n)
+}
+
+fn as_duration_or_zero(v: &toml::Value) -> Result<Duration, String> {
+    match as_str(v)? {
+        "0" | "0s" => Ok(Duration::ZERO),
+        _ => as_duration(v),
+    }
+}
+
+fn as_duration(v: &toml::Value) -> Result<Duration, String> {
+    let s = as_str(v)?;
+    parse_duration(s)
+}
+
+/// Parses a human duration such as `30s`, `5m`, `1h30m`; zero is rejected.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|_| format!("invalid duration {s:?} (use e.g. \"30s\", \"5m\", \"1h\")"))?;
+    if d.is_zero() {
+        return Err(format!("duration {s:?} must be greater than zero"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds() -> BTreeMap<JobName, JobConfig> {
+        let mut m = BTreeMap::new();
+        m.insert(JobName::parse("daily-settlement").unwrap(), JobConfig::default());
+        m
+    }
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "t.toml", &kinds()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_a_full_table() {
+        let c = Config::parse(
+            r#"
+[jobs.daily-settlement]
+timezone = "Asia/Seoul"
+max_attempts = 3
+lease_ttl = "45s"
+stale_after = "20m"
+chunk_size = 100
+backoff = "5s"
+backoff_max = "1h"
+chunk_pause = "0s"
+on_lease_expiry = "hold"
+"#,
+            "t.toml",
+            &kinds(),
+        )
+        .unwrap();
+        let j = c.job(&JobName::parse("daily-settlement").unwrap()).unwrap();
+        assert_eq!(j.timezone, chrono_tz::Asia::Seoul);
+        assert_eq!(j.max_attempts, 3);
+        assert_eq!(j.lease_ttl, Duration::from_secs(45));
+        assert_eq!(j.chunk_size, 100);
+        assert_eq!(j.on_lease_expiry, LeaseExpiryPolicy::Hold);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(err("[jobs.daily-settlement]\ncolour = 1").contains("`jobs.daily-settlement.colour`: unknown key"));
+        assert!(err("[jobs.daily-settlement]\ntimezone = \"Mars/Base\"").contains("`jobs.daily-settlement.timezone`: unknown time zone"));
+        assert!(err("[jobs.daily-settlement]\nlease_ttl = \"soon\"").contains("`jobs.daily-settlement.lease_ttl`: invalid duration"));
+        assert!(err("[jobs.daily-settlement]\nlease_ttl = 30").contains("expected a string"));
+        assert!(err("[jobs.daily-settlement]\nmax_attempts = 0").contains("out of range"));
+        assert!(err("[jobs.daily-settlement]\nchunk_size = \"big\"").contains("expected an integer"));
+        assert!(err("[jobs.daily-settlement]\non_lease_expiry = \"pray\"").contains("unknown policy"));
+        assert!(err("[jobs.daily-settlement]\nlease_ttl = \"1h\"\nstale_after = \"1m\"").contains("stale_after"));
+        assert!(err("[jobs.nightly]\n").contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));
+        assert!(err("[worker]\n").contains("`worker`: unknown key"));
+        assert!(err("[jobs.daily-settlement\n").contains("t.toml: line 1"));
+        // Every message is one line.
+        assert!(!err("[jobs.daily-settlement\n").contains('\n'));
+    }
+}

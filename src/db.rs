@@ -1,0 +1,132 @@
+//! Connections and migrations. Every pool is built here, so every session
+//! carries an `application_name` (the worker id) that `pg_stat_activity` shows,
+//! and no URL with a password reaches a log line or an error message.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+/// The engine's own migrations, embedded in the binary.
+pub static ENGINE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("invalid database URL {url}: {message}")]
+    Url { url: String, message: String },
+    #[error("cannot connect to {url}: {source}")]
+    Connect { url: String, source: sqlx::Error },
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database error: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// Replaces the password of a URL with `***` for display.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            // Setting a password only fails for URLs that cannot have one.
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => "<unparseable URL>".to_owned(),
+    }
+}
+
+/// Parses a URL into connect options tagged with `application_name`.
+pub fn options(url: &str, application_name: &str) -> Result<PgConnectOptions, DbError> {
+    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
+        url: redact(url),
+        message: sanitize(&e.to_string(), url),
+    })?;
+    Ok(opts.application_name(application_name))
+}
+
+/// A pool that connects eagerly, so a bad URL or a down server is reported now.
+pub async fn connect(url: &str, application_name: &str, max: u32) -> Result<PgPool, DbError> {
+    let opts = options(url, application_name)?;
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(opts)
+        .await
+        .map_err(|source| DbError::Connect {
+            url: redact(url),
+            source,
+        })
+}
+
+/// A pool that connects on first use: long-running processes start even while
+/// the database is down and retry their work instead of exiting.
+pub fn connect_lazy(url: &str, application_name: &str, max: u32) -> Result<PgPool, DbError> {
+    let opts = options(url, application_name)?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(opts))
+}
+
+/// Applies the engine's migrations and each job kind's as one ordered set, so
+/// sqlx's bookkeeping table validates all of them (a missing or edited
+/// migration is an error, never silently skipped).
+pub async fn migrate(pool: &PgPool, kinds: &[&'static Migrator]) -> Result<(), DbError> {
+    combined(kinds).run(pool).await?;
+    Ok(())
+}
+
+/// The engine's migrations and the job kinds', sorted by version.
+pub fn combined(kinds: &[&'static Migrator]) -> Migrator {
+    let mut all: Vec<_> = ENGINE_MIGRATIONS.migrations.iter().cloned().collect();
+    for m in kinds {
+        all.extend(m.migrations.iter().cloned());
+    }
+    all.sort_by_key(|m| m.version);
+    Migrator {
+        migrations: std::borrow::Cow::Owned(all),
+        ..Migrator::DEFAULT
+    }
+}
+
+/// Removes a URL (and so its password) from an error text.
+fn sanitize(text: &str, url: &str) -> String {
+    text.replace(url, &redact(url))
+}
+
+/// The URL of another database on the same server.
+pub fn with_database(url: &str, database: &str) -> Result<String, DbError> {
+    let mut u = url::Url::parse(url).map_err(|e| DbError::Url {
+        url: redact(url),
+        message: e.to_string(),
+    })?;
+    u.set_path(&format!("/{database}"));
+    Ok(u.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        let r = redact("postgres://app:s3cret@db.example:5432/x");
+        assert!(!r.contains("s3cret"));
+        assert!(r.contains("***"));
+        assert_eq!(redact("postgres:///x?host=/tmp"), "postgres:///x?host=/tmp");
+    }
+
+    #[test]
+    fn swaps_database() {
+        assert_eq!(
+            with_database("postgres://u:p@h:1/a?sslmode=disable", "b").unwrap(),
+            "postgres://u:p@h:1/b?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres:///a?host=/tmp/s", "b").unwrap(),
+            "postgres:///b?host=/tmp/s"
+        );
+    }
+}

@@ -1,0 +1,310 @@
+//! `batchonce demo`: the whole system on one machine. It starts (or reuses)
+//! the private cluster unless a URL is given, makes a fresh `batchonce_demo`
+//! database, seeds every demo-capable job kind, enqueues the last three
+//! business dates twice, runs two real worker processes, SIGKILLs one while it
+//! holds a lease mid-run, lets the other recover and finish, and checks the
+//! output against the source.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Days, Utc};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::clock::Clock;
+use crate::config::{Config, JobConfig};
+use crate::db;
+use crate::embedded::{Cluster, ClusterOptions};
+use crate::job::Registry;
+use crate::key::JobKey;
+use crate::queue::{self, NewRun, RunStatus};
+
+const DEMO_DB: &str = "batchonce_demo";
+const WORKERS: usize = 2;
+
+fn home() -> PathBuf {
+    std::env::var_os("BATCHONCE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".batchonce"))
+}
+
+/// The demo's settings: short leases and small, paced chunks, so a crash
+/// mid-run and its recovery happen within seconds.
+fn demo_config(cfg: &JobConfig) -> JobConfig {
+    JobConfig {
+        lease_ttl: Duration::from_secs(3),
+        stale_after: Duration::from_secs(60),
+        chunk_size: 25,
+        chunk_pause: Duration::from_millis(40),
+        backoff: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(5),
+        ..cfg.clone()
+    }
+}
+
+fn config_toml(config: &Config) -> String {
+    let mut s = String::from("# Written by `batchonce demo` for its worker processes.\n");
+    for (name, c) in &config.jobs {
+        s.push_str(&format!(
+            "\n[jobs.{name}]\ntimezone = \"{}\"\nmax_attempts = {}\nlease_ttl = \"{}ms\"\n\
+             stale_after = \"{}s\"\nchunk_size = {}\nbackoff = \"{}ms\"\nbackoff_max = \"{}ms\"\n\
+             chunk_pause = \"{}ms\"\non_lease_expiry = \"{}\"\n",
+            c.timezone.name(),
+            c.max_attempts,
+            c.lease_ttl.as_millis(),
+            c.stale_after.as_secs(),
+            c.chunk_size,
+            c.backoff.as_millis(),
+            c.backoff_max.as_millis(),
+            c.chunk_pause.as_millis(),
+            c.on_lease_expiry.as_str(),
+        ));
+    }
+    s
+}
+
+pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let home = home();
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    let mut cluster = None;
+    let server_url = match url {
+        Some(u) => {
+            println!("database: {} (DATABASE_URL)", db::redact(u));
+            u.to_owned()
+        }
+        None => {
+            let opts = ClusterOptions {
+                dir: home.join("pg"),
+                durable: true,
+                max_connections: 100,
+            };
+            let c = tokio::task::spawn_blocking(move || Cluster::start(&opts))
+                .await
+                .context("cluster start panicked")??;
+            println!(
+                "database: private PostgreSQL cluster in {} ({})",
+                home.join("pg").display(),
+                if c.started_here { "started" } else { "already running" }
+            );
+            let u = c.url("postgres");
+            cluster = Some(c);
+            u
+        }
+    };
+    let result = run_on(registry, &server_url, config, &home, started).await;
+    if let Some(c) = cluster.filter(|c| c.started_here) {
+        let _ = tokio::task::spawn_blocking(move || c.stop()).await;
+    }
+    result
+}
+
+async fn run_on(
+    registry: &Registry,
+    server_url: &str,
+    config: &Config,
+    home: &std::path::Path,
+    started: Instant,
+) -> anyhow::Result<bool> {
+    // A fresh database each time, so the demo always shows a first run.
+    let admin = db::connect(server_url, "batchonce-demo", 2).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .context("cannot drop the previous demo database")?;
+    sqlx::query(&format!("CREATE DATABASE {DEMO_DB}"))
+        .execute(&admin)
+        .await
+        .context("cannot create the demo database")?;
+    admin.close().await;
+    let url = db::with_database(server_url, DEMO_DB)?;
+    let pool = db::connect(&url, "batchonce-demo", 4).await?;
+    db::migrate(&pool, &registry.migrations()).await?;
+    println!("migrated database {DEMO_DB}");
+
+    let mut demo_cfg = config.clone();
+    for c in demo_cfg.jobs.values_mut() {
+        *c = demo_config(c);
+    }
+    let cfg_path = home.join("demo.toml");
+    std::fs::write(&cfg_path, config_toml(&demo_cfg))
+        .with_context(|| format!("cannot write {}", cfg_path.display()))?;
+
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
+    let mut runs = Vec::new();
+    for job in registry.jobs() {
+        let Some(demo) = job.demo() else { continue };
+        let name = job.name();
+        let cfg = demo_cfg.job(&name).cloned().unwrap_or_default();
+        let today = now.with_timezone(&cfg.timezone).date_naive();
+        let dates: Vec<_> = (1..=3u64).rev().filter_map(|d| today.checked_sub_days(Days::new(d))).collect();
+        let seeded = demo.seed(&pool, &cfg, &dates).await?;
+        println!("seeded {name}: {seeded} (time zone {})", cfg.timezone.name());
+        for d in dates {
+            runs.push(NewRun {
+                key: JobKey::daily(&name, d),
+                job: name.clone(),
+                business_date: d,
+                max_attempts: cfg.max_attempts,
+                payload: serde_json::json!({}),
+            });
+        }
+    }
+    if runs.is_empty() {
+        bail!("no registered job kind supports the demo");
+    }
+    for round in ["first", "second"] {
+        let report = queue::enqueue(&pool, &runs, Clock::Db).await?;
+        println!("enqueue ({round} time):");
+        for k in &report.enqueued {
+            println!("  enqueued  {k}");
+        }
+        for k in &report.duplicates {
+            println!("  duplicate {k}");
+        }
+    }
+
+    let exe = std::env::current_exe().context("cannot find the batchonce binary")?;
+    let mut workers: Vec<(String, Option<Child>)> = Vec::new();
+    for i in 1..=WORKERS {
+        let id = format!("demo-worker-{i}");
+        let log = home.join(format!("{id}.log"));
+        let log_file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let child = Command::new(&exe)
+            .arg("--config")
+            .arg(&cfg_path)
+            .args(["--log-format", "json", "worker", "--concurrency", "1", "--grace", "5s"])
+            .args(["--poll-interval", "500ms", "--worker-id", &id])
+            .env("DATABASE_URL", &url)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a worker process")?;
+        println!("started {id} (pid {}), log {}", child.id().unwrap_or(0), log.display());
+        workers.push((id, Some(child)));
+    }
+
+    // SIGKILL whichever worker first holds a lease a few chunks into a run.
+    let mut killed: Option<(String, String)> = None;
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        if Instant::now() > deadline {
+            println!("timed out waiting for the runs to finish");
+            break;
+        }
+        let all = queue::list_runs(&pool, None, None, 1000).await?;
+        if killed.is_none() {
+            if let Some(r) = all.iter().find(|r| r.status == "RUNNING" && r.processed_count >= 50) {
+                let owner = r.lease_owner.clone().unwrap_or_default();
+                if let Some((_, slot)) = workers.iter_mut().find(|(id, _)| *id == owner) {
+                    if let Some(mut child) = slot.take() {
+                        if let Some(pid) = child.id() {
+                            kill(Pid::from_raw(pid as i32), Signal::SIGKILL)
+                                .context("cannot SIGKILL the worker")?;
+                        }
+                        let _ = child.wait().await;
+                        println!(
+                            "SIGKILLed {owner} while it held {} at {} items (lease_ttl {}s: the other worker takes over when it expires)",
+                            r.job_key,
+                            r.processed_count,
+                            runs.iter()
+                                .find(|n| n.key.as_str() == r.job_key)
+                                .and_then(|n| demo_cfg.job(&n.job))
+                                .map(|c| c.lease_ttl.as_secs())
+                                .unwrap_or(0)
+                        );
+                        killed = Some((owner, r.job_key.clone()));
+                    }
+                }
+            }
+        }
+        let ours = all.iter().filter(|r| runs.iter().any(|n| n.key.as_str() == r.job_key));
+        if ours.clone().all(|r| RunStatus::parse(&r.status).is_some_and(RunStatus::is_terminal)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut ok = true;
+    for (id, slot) in workers.iter_mut() {
+        if let Some(mut child) = slot.take() {
+            if let Some(pid) = child.id() {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            }
+            let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+            match status {
+                Ok(Ok(s)) if s.success() => println!("stopped {id} with SIGTERM: exit 0"),
+                Ok(Ok(s)) => {
+                    ok = false;
+                    println!("stopped {id} with SIGTERM: {s} (expected exit 0)");
+                }
+                _ => {
+                    ok = false;
+                    println!("{id} did not stop within 15s of SIGTERM");
+                }
+            }
+        }
+    }
+
+    println!();
+    println!(
+        "{:<32} {:<10} {:>8} {:>7} {:>5}  CHECK",
+        "KEY", "STATUS", "ATTEMPTS", "ITEMS", "DUPS"
+    );
+    for run in &runs {
+        let job = registry.get(&run.job).and_then(|j| j.demo().map(|d| (j, d)));
+        let Some((_, demo)) = job else { continue };
+        let cfg = demo_cfg.job(&run.job).cloned().unwrap_or_default();
+        let (view, attempts) = queue::show_run(&pool, &run.key)
+            .await?
+            .context("a demo run disappeared")?;
+        let v = demo.verify(&pool, &cfg, run.business_date).await?;
+        let run_ok = view.status == "SUCCEEDED" && v.ok && v.duplicates == 0;
+        ok &= run_ok;
+        println!(
+            "{:<32} {:<10} {:>8} {:>7} {:>5}  {} {}",
+            view.job_key,
+            view.status,
+            view.attempts,
+            v.items,
+            v.duplicates,
+            if run_ok { "ok" } else { "FAILED" },
+            v.detail
+        );
+        if killed.as_ref().is_some_and(|(_, k)| *k == view.job_key) {
+            for a in &attempts {
+                println!(
+                    "    attempt {} by {}: {} ({} items)",
+                    a.attempt,
+                    a.worker_id,
+                    a.outcome.as_deref().unwrap_or("running"),
+                    a.processed_count
+                );
+            }
+            if view.attempts != 2 {
+                ok = false;
+                println!("    expected 2 attempts for the killed run");
+            }
+        }
+    }
+    if killed.is_none() {
+        ok = false;
+        println!("no worker was killed mid-run (the runs finished too fast to catch one)");
+    }
+    println!();
+    println!(
+        "demo {} in {:.1}s",
+        if ok { "passed: every key ran exactly once, nothing lost" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ok)
+}
+

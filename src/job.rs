@@ -1,0 +1,294 @@
+//! The job API: what a job kind implements ([`Job`]) and what it receives
+//! ([`JobContext`]): the run's identity, its configuration, fenced
+//! transactions for every write, progress counters and a cancellation signal.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::NaiveDate;
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::JobConfig;
+use crate::key::{JobKey, JobName};
+use crate::queue::{self, Fence, FencedTx, QueueError};
+
+/// How a handler ended well.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    /// Nothing to do for this period; the reason is recorded on the run.
+    Skipped(String),
+}
+
+/// How a handler ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// Worth another attempt after a backoff (a timeout, a lost connection).
+    #[error("{0}")]
+    Retryable(String),
+    /// Another attempt would fail the same way (bad source data, a bug):
+    /// the run is FAILED at once.
+    #[error("{0}")]
+    Fatal(String),
+    /// The lease was taken over; the handler's writes cannot commit.
+    #[error("lease lost")]
+    LeaseLost,
+    /// The worker is shutting down or the lease was lost; stop after the
+    /// current chunk.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl From<QueueError> for JobError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::LeaseLost(_) => Self::LeaseLost,
+            QueueError::Invalid(m) => Self::Fatal(m),
+            QueueError::Database(e) => e.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for JobError {
+    /// Database errors retry: a constraint violation in an item table is a
+    /// bug that retries will not fix, but they are bounded by `max_attempts`,
+    /// and a connection error must never fail a run on the first try.
+    fn from(e: sqlx::Error) -> Self {
+        Self::Retryable(format!("database error: {e}"))
+    }
+}
+
+/// Demo support: seeds source data and checks the results, so `demo` can show
+/// any job kind running exactly once.
+#[async_trait]
+pub trait JobDemo: Send + Sync {
+    /// Writes demo source data for these business dates; returns a one-line
+    /// description ("3,600 orders").
+    async fn seed(
+        &self,
+        pool: &PgPool,
+        config: &JobConfig,
+        dates: &[NaiveDate],
+    ) -> Result<String, sqlx::Error>;
+
+    /// Compares a finished run's output with its source.
+    async fn verify(
+        &self,
+        pool: &PgPool,
+        config: &JobConfig,
+        date: NaiveDate,
+    ) -> Result<Verification, sqlx::Error>;
+}
+
+/// The result of [`JobDemo::verify`].
+#[derive(Debug, Clone)]
+pub struct Verification {
+    pub items: i64,
+    /// Item keys written more than once (must be 0).
+    pub duplicates: i64,
+    /// Output compared with the source, e.g. "total 12,345 = source 12,345".
+    pub detail: String,
+    pub ok: bool,
+}
+
+/// A kind of batch work. One value serves every run of its job name.
+#[async_trait]
+pub trait Job: Send + Sync + 'static {
+    /// The job name, used in keys and the `[jobs.<name>]` config table.
+    fn name(&self) -> JobName;
+
+    /// The defaults the config file overrides (e.g. the business time zone).
+    fn default_config(&self) -> JobConfig {
+        JobConfig::default()
+    }
+
+    /// The job kind's own tables, applied by `batchonce migrate`.
+    fn migrations(&self) -> Option<&'static Migrator> {
+        None
+    }
+
+    /// Demo data and checks, if the job kind takes part in `demo`.
+    fn demo(&self) -> Option<&dyn JobDemo> {
+        None
+    }
+
+    /// Executes one attempt. Writes go through [`JobContext::fenced`]; between
+    /// chunks the handler checks [`JobContext::is_cancelled`].
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError>;
+}
+
+/// Per-attempt counters, shared with the worker for the attempt history.
+#[derive(Debug, Default)]
+pub struct Progress {
+    processed: AtomicI64,
+    failed: AtomicI64,
+}
+
+impl Progress {
+    pub fn processed(&self) -> i64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+    pub fn failed(&self) -> i64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// What a handler gets for one attempt.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub key: JobKey,
+    pub job: JobName,
+    pub business_date: NaiveDate,
+    pub attempt: i32,
+    pub lease_token: i64,
+    pub worker_id: String,
+    pub config: JobConfig,
+    pub payload: serde_json::Value,
+    pool: PgPool,
+    cancel: CancellationToken,
+    progress: Arc<Progress>,
+    clock: Clock,
+}
+
+impl JobContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        lease: &queue::Lease,
+        worker_id: &str,
+        config: JobConfig,
+        pool: PgPool,
+        cancel: CancellationToken,
+        progress: Arc<Progress>,
+        clock: Clock,
+    ) -> Self {
+        Self {
+            key: lease.key.clone(),
+            job: lease.job.clone(),
+            business_date: lease.business_date,
+            attempt: lease.attempt,
+            lease_token: lease.token,
+            worker_id: worker_id.to_owned(),
+            config,
+            payload: lease.payload.clone(),
+            pool,
+            cancel,
+            progress,
+            clock,
+        }
+    }
+
+    /// A pool for reads (source data). Never write items through it.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Opens a fenced transaction: commit it with [`Self::commit`] so the
+    /// counters of this attempt follow.
+    pub async fn fenced(&self) -> Result<FencedTx, JobError> {
+        let fence = Fence {
+            key: self.key.clone(),
+            token: self.lease_token,
+        };
+        Ok(queue::begin_fenced(&self.pool, &fence, self.config.lease_ttl, self.clock).await?)
+    }
+
+    /// Commits a fenced transaction and adds its counts to this attempt.
+    pub async fn commit(&self, tx: FencedTx) -> Result<(), JobError> {
+        let (p, f) = tx.commit().await?;
+        self.progress.processed.fetch_add(p, Ordering::Relaxed);
+        self.progress.failed.fetch_add(f, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Shutdown was requested or the lease was lost: stop at a chunk boundary.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves when [`Self::is_cancelled`] becomes true (for sleeps).
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// Sleeps, waking early on cancellation; returns `Err(Cancelled)` then.
+    pub async fn pause(&self, d: std::time::Duration) -> Result<(), JobError> {
+        if d.is_zero() {
+            return if self.is_cancelled() {
+                Err(JobError::Cancelled)
+            } else {
+                Ok(())
+            };
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => Ok(()),
+            _ = self.cancel.cancelled() => Err(JobError::Cancelled),
+        }
+    }
+
+    /// Counts of this attempt so far.
+    pub fn progress(&self) -> (i64, i64) {
+        (self.progress.processed(), self.progress.failed())
+    }
+}
+
+/// The job kinds a binary runs. The engine knows none of its own.
+#[derive(Default, Clone)]
+pub struct Registry {
+    jobs: std::collections::BTreeMap<JobName, Arc<dyn Job>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.jobs.keys()).finish()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a job kind; a second kind with the same name replaces the first.
+    pub fn register(mut self, job: impl Job) -> Self {
+        self.jobs.insert(job.name(), Arc::new(job));
+        self
+    }
+
+    pub fn get(&self, name: &JobName) -> Option<&Arc<dyn Job>> {
+        self.jobs.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &JobName> {
+        self.jobs.keys()
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = &Arc<dyn Job>> {
+        self.jobs.values()
+    }
+
+    /// Every kind's defaults, the base the config file is applied to.
+    pub fn default_configs(&self) -> std::collections::BTreeMap<JobName, JobConfig> {
+        self.jobs
+            .iter()
+            .map(|(n, j)| (n.clone(), j.default_config()))
+            .collect()
+    }
+
+    /// The job kinds' migrations, for [`crate::db::migrate`].
+    pub fn migrations(&self) -> Vec<&'static Migrator> {
+        self.jobs.values().filter_map(|j| j.migrations()).collect()
+    }
+
+    /// Resolves a job name typed by a user, with a clear error.
+    pub fn resolve(&self, name: &str) -> Result<JobName, String> {
+        let known: Vec<&str> = self.jobs.keys().map(JobName::as_str).collect();
+        JobName::parse(name)
+            .ok()
+            .filter(|n| self.jobs.contains_key(n))
+            .ok_or_else(|| format!("unknown job {name:?} (registered: {})", known.join(", ")))
+    }
+}

@@ -1,0 +1,157 @@
+//! Job names, job keys and business dates: the validated identifiers every
+//! other module takes. Nothing here touches the database or the clock.
+
+use std::fmt;
+
+use chrono::NaiveDate;
+
+/// Longest job key the schema accepts (`varchar(120)`).
+pub const MAX_KEY_LEN: usize = 120;
+/// Longest job name; leaves room in the key for a period.
+pub const MAX_JOB_NAME_LEN: usize = 64;
+
+/// A rejected identifier, with the reason in words an operator can act on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("invalid job name {0:?}: use 1-64 lowercase letters, digits and single dashes, e.g. daily-settlement")]
+    JobName(String),
+    #[error("invalid job key {0:?}: expected <job>:<period> such as daily-settlement:2026-09-15 (at most 120 characters)")]
+    JobKey(String),
+    #[error("invalid date {0:?}: expected a calendar date as YYYY-MM-DD")]
+    Date(String),
+}
+
+/// A validated job name such as `daily-settlement`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobName(String);
+
+impl JobName {
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        let ok = !s.is_empty()
+            && s.len() <= MAX_JOB_NAME_LEN
+            && s.split('-').all(|part| {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            });
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(KeyError::JobName(s.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A validated job key, `<job>:<period>`, the unique business identity of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey(String);
+
+impl JobKey {
+    /// The key of a daily job for one business date.
+    pub fn daily(job: &JobName, date: NaiveDate) -> Self {
+        Self(format!("{}:{}", job, date.format("%Y-%m-%d")))
+    }
+
+    /// Parses a key typed by an operator; the same rule as the schema's CHECK.
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        let bad = || KeyError::JobKey(s.to_owned());
+        if s.len() > MAX_KEY_LEN {
+            return Err(bad());
+        }
+        let (job, period) = s.split_once(':').ok_or_else(bad)?;
+        JobName::parse(job).map_err(|_| bad())?;
+        if period.is_empty()
+            || !period
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b == b'T' || b == b':' || b == b'-')
+        {
+            return Err(bad());
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The job-name half of the key.
+    pub fn job_name(&self) -> &str {
+        // Invariant: a JobKey is only built with a ':' in it.
+        self.0.split_once(':').map(|(j, _)| j).unwrap_or(&self.0)
+    }
+}
+
+impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Parses `YYYY-MM-DD` strictly (no time, no two-digit years).
+pub fn parse_date(s: &str) -> Result<NaiveDate, KeyError> {
+    let bad = || KeyError::Date(s.to_owned());
+    if s.len() != 10 {
+        return Err(bad());
+    }
+    NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_names() {
+        assert!(JobName::parse("daily-settlement").is_ok());
+        assert!(JobName::parse("a1").is_ok());
+        for bad in ["", "Daily", "a--b", "-a", "a-", "a_b", "a:b", &"x".repeat(65)] {
+            assert!(JobName::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn job_keys() {
+        let k = JobKey::parse("daily-settlement:2026-09-15").unwrap();
+        assert_eq!(k.job_name(), "daily-settlement");
+        assert!(JobKey::parse("inventory-sync:2026-09-15T10:15").is_ok());
+        for bad in [
+            "daily-settlement",
+            "daily-settlement:",
+            ":2026-09-15",
+            "Daily:2026-09-15",
+            "a:2026 09 15",
+            "a:2026-09-15;drop",
+        ] {
+            assert!(JobKey::parse(bad).is_err(), "{bad:?}");
+        }
+        let long = format!("a:{}", "1".repeat(119));
+        assert!(JobKey::parse(&long).is_err());
+        assert_eq!(
+            JobKey::daily(
+                &JobName::parse("x").unwrap(),
+                NaiveDate::from_ymd_opt(2026, 1, 2).unwrap()
+            )
+            .as_str(),
+            "x:2026-01-02"
+        );
+    }
+
+    #[test]
+    fn dates() {
+        assert!(parse_date("2026-09-15").is_ok());
+        for bad in ["2026-9-15", "2026-02-30", "15-09-2026", "2026-09-15T00:00", "", "tomorrow"] {
+            assert!(parse_date(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! batchonce: scheduled business batch jobs that run exactly once per business
+//! key, coordinated only through PostgreSQL. This crate is the engine (queue,
+//! worker runtime, job API, database bootstrap, command line); it knows no job
+//! kind. A binary registers its job kinds in a [`job::Registry`] and calls
+//! [`cli::main`].
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod db;
+mod demo;
+pub mod embedded;
+pub mod job;
+pub mod key;
+pub mod queue;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod worker;
+
+pub use clock::Clock;
+pub use config::{Config, JobConfig};
+pub use job::{Job, JobContext, JobDemo, JobError, Outcome, Registry, Verification};
+pub use key::{JobKey, JobName};

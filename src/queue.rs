@@ -1,0 +1,967 @@
+//! The queue: the only module that writes `batch_job_run` and
+//! `batch_job_attempt`. Every state change is one conditional statement whose
+//! `WHERE` names the state it expects (and, for a worker, its lease token), so
+//! two actors racing on one run can never both win. All times come from the
+//! [`Clock`], which is the database's `now()` outside tests.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rand::Rng;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+
+use crate::clock::Clock;
+use crate::key::{JobKey, JobName};
+
+/// The channel `enqueue` notifies so idle workers wake at once.
+pub const NOTIFY_CHANNEL: &str = "batchonce_run";
+/// Longest error message stored (the schema's CHECK).
+pub const MAX_ERROR_CHARS: usize = 1000;
+/// Largest payload stored, in bytes of its JSON text (the schema's CHECK).
+pub const MAX_PAYLOAD_BYTES: usize = 65_536;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The caller's lease token no longer owns the run: another worker or an
+    /// operator took it over. Nothing was written.
+    #[error("lease lost on {0}: the run was taken over; nothing was written")]
+    LeaseLost(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl QueueError {
+    /// Whether retrying the same call later may succeed (connection trouble,
+    /// a restarting server, serialization failures).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(e) => is_transient(e),
+            _ => false,
+        }
+    }
+}
+
+/// Connection-level trouble and server restarts, as opposed to bad SQL or data.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            // 08: connection exception, 57P: operator intervention (shutdown),
+            // 40001/40P01: serialization failure and deadlock, 53: resources.
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code == "40001"
+                || code == "40P01"
+        }
+        _ => false,
+    }
+}
+
+/// The states of a run (DESIGN.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RunStatus {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Skipped,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 5] = [
+        Self::Pending,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Skipped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Running => "RUNNING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Skipped => "SKIPPED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s))
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Skipped)
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub key: JobKey,
+    pub job: JobName,
+    pub business_date: NaiveDate,
+    pub max_attempts: u32,
+    pub payload: serde_json::Value,
+}
+
+/// What one enqueue statement did, key by key, in input order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EnqueueReport {
+    pub enqueued: Vec<JobKey>,
+    pub duplicates: Vec<JobKey>,
+}
+
+/// Inserts many runs in one statement; existing keys are reported as
+/// duplicates and left untouched. Notifies idle workers in the same
+/// transaction, so the wake-up is sent only if the rows commit.
+pub async fn enqueue(
+    pool: &PgPool,
+    runs: &[NewRun],
+    clock: Clock,
+) -> Result<EnqueueReport, QueueError> {
+    let mut seen = HashSet::new();
+    let mut keys = Vec::new();
+    let mut names = Vec::new();
+    let mut dates = Vec::new();
+    let mut maxes = Vec::new();
+    let mut payloads = Vec::new();
+    let mut order = Vec::new();
+    for r in runs {
+        if r.key.job_name() != r.job.as_str() {
+            return Err(QueueError::Invalid(format!(
+                "job key {} does not belong to job {}",
+                r.key, r.job
+            )));
+        }
+        let size = r.payload.to_string().len();
+        if size > MAX_PAYLOAD_BYTES {
+            return Err(QueueError::Invalid(format!(
+                "payload of {} is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}",
+                r.key
+            )));
+        }
+        order.push(r.key.clone());
+        // The same key twice in one call is one run: the second is a duplicate.
+        if seen.insert(r.key.clone()) {
+            keys.push(r.key.as_str().to_owned());
+            names.push(r.job.as_str().to_owned());
+            dates.push(r.business_date);
+            maxes.push(r.max_attempts as i32);
+            payloads.push(r.payload.clone());
+        }
+    }
+    if keys.is_empty() {
+        return Ok(EnqueueReport::default());
+    }
+    let mut tx = pool.begin().await?;
+    let inserted: Vec<String> = sqlx::query_scalar(
+        r#"
+        INSERT INTO batch_job_run
+            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at)
+        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now())
+        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[]) AS t(k, n, d, m, p)
+        ON CONFLICT (job_key) DO NOTHING
+        RETURNING job_key
+        "#,
+    )
+    .bind(&keys)
+    .bind(&names)
+    .bind(&dates)
+    .bind(&maxes)
+    .bind(&payloads)
+    .bind(clock.bind())
+    .fetch_all(&mut *tx)
+    .await?;
+    if !inserted.is_empty() {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(NOTIFY_CHANNEL)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    let inserted: HashSet<String> = inserted.into_iter().collect();
+    let mut report = EnqueueReport::default();
+    let mut reported = HashSet::new();
+    for k in order {
+        if inserted.contains(k.as_str()) && reported.insert(k.clone()) {
+            report.enqueued.push(k);
+        } else {
+            report.duplicates.push(k);
+        }
+    }
+    Ok(report)
+}
+
+/// What a worker may claim: job names with their lease length.
+#[derive(Debug, Clone)]
+pub struct ClaimSpec {
+    pub job: JobName,
+    pub lease_ttl: Duration,
+}
+
+/// A run held by a worker, with the token that fences its writes.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub key: JobKey,
+    pub job: JobName,
+    pub business_date: NaiveDate,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub token: i64,
+    pub expires_at: DateTime<Utc>,
+    pub processed_count: i64,
+    pub payload: serde_json::Value,
+}
+
+/// The pair every fenced statement checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: JobKey,
+    pub token: i64,
+}
+
+impl Lease {
+    pub fn fence(&self) -> Fence {
+        Fence {
+            key: self.key.clone(),
+            token: self.token,
+        }
+    }
+}
+
+/// Claims up to `limit` due PENDING runs in one statement: `SKIP LOCKED` keeps
+/// concurrent claimers off each other's rows, every claim draws a new token
+/// from the sequence, and the attempt row is written by the same statement.
+pub async fn claim(
+    pool: &PgPool,
+    worker_id: &str,
+    specs: &[ClaimSpec],
+    limit: u32,
+    clock: Clock,
+) -> Result<Vec<Lease>, QueueError> {
+    if limit == 0 || specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
+    let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH cfg AS (
+            SELECT DISTINCT ON (n) n AS job_name, ttl
+            FROM unnest($1::text[], $2::float8[]) AS c(n, ttl)
+        ), picked AS (
+            SELECT r.job_key
+            FROM batch_job_run r
+            WHERE r.status = 'PENDING'
+              AND r.next_run_at <= COALESCE($5, now())
+              AND r.job_name = ANY($1)
+            ORDER BY r.next_run_at, r.job_key
+            LIMIT $3
+            FOR UPDATE SKIP LOCKED
+        ), claimed AS (
+            UPDATE batch_job_run r
+            SET status = 'RUNNING',
+                attempts = r.attempts + 1,
+                lease_token = nextval('batch_lease_token_seq'),
+                lease_owner = $4,
+                lease_expires_at = COALESCE($5, now()) + make_interval(secs => cfg.ttl),
+                heartbeat_at = COALESCE($5, now()),
+                started_at = COALESCE($5, now()),
+                finished_at = NULL
+            FROM picked, cfg
+            WHERE r.job_key = picked.job_key AND cfg.job_name = r.job_name
+            RETURNING r.job_key, r.job_name, r.business_date, r.attempts, r.max_attempts,
+                      r.lease_token, r.lease_expires_at, r.processed_count, r.payload,
+                      r.started_at
+        ), attempt AS (
+            INSERT INTO batch_job_attempt (job_key, attempt, lease_token, worker_id, started_at)
+            SELECT job_key, attempts, lease_token, $4, started_at FROM claimed
+        )
+        SELECT * FROM claimed
+        "#,
+    )
+    .bind(&names)
+    .bind(&ttls)
+    .bind(limit as i64)
+    .bind(worker_id)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(lease_from_row).collect()
+}
+
+fn lease_from_row(row: &PgRow) -> Result<Lease, QueueError> {
+    let key: String = row.try_get("job_key")?;
+    let job: String = row.try_get("job_name")?;
+    Ok(Lease {
+        key: JobKey::parse(&key).map_err(|e| QueueError::Invalid(e.to_string()))?,
+        job: JobName::parse(&job).map_err(|e| QueueError::Invalid(e.to_string()))?,
+        business_date: row.try_get("business_date")?,
+        attempt: row.try_get("attempts")?,
+        max_attempts: row.try_get("max_attempts")?,
+        token: row.try_get("lease_token")?,
+        expires_at: row.try_get("lease_expires_at")?,
+        processed_count: row.try_get("processed_count")?,
+        payload: row.try_get("payload")?,
+    })
+}
+
+/// A lease to extend, with its length.
+#[derive(Debug, Clone)]
+pub struct HeldLease {
+    pub fence: Fence,
+    pub lease_ttl: Duration,
+}
+
+/// The outcome of one heartbeat for all leases a process holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HeartbeatReport {
+    /// Extended now.
+    pub extended: Vec<JobKey>,
+    /// Still ours, but a chunk transaction of ours holds the row; its commit
+    /// extends the lease itself, so the heartbeat does not wait behind it.
+    pub busy: Vec<JobKey>,
+    /// No longer ours: cancel their handlers.
+    pub lost: Vec<JobKey>,
+}
+
+/// Extends every held lease in one statement. Rows locked by the holder's own
+/// chunk transaction are skipped rather than waited for, so a long chunk never
+/// stalls the heartbeats of the other runs in the process.
+pub async fn heartbeat(
+    pool: &PgPool,
+    held: &[HeldLease],
+    clock: Clock,
+) -> Result<HeartbeatReport, QueueError> {
+    if held.is_empty() {
+        return Ok(HeartbeatReport::default());
+    }
+    let keys: Vec<&str> = held.iter().map(|h| h.fence.key.as_str()).collect();
+    let tokens: Vec<i64> = held.iter().map(|h| h.fence.token).collect();
+    let ttls: Vec<f64> = held.iter().map(|h| h.lease_ttl.as_secs_f64()).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH h AS (
+            SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS h(job_key, token, ttl)
+        ), mine AS (
+            SELECT r.job_key FROM batch_job_run r JOIN h
+              ON r.job_key = h.job_key AND r.lease_token = h.token
+            WHERE r.status = 'RUNNING'
+        ), locked AS (
+            SELECT r.job_key FROM batch_job_run r JOIN h
+              ON r.job_key = h.job_key AND r.lease_token = h.token
+            WHERE r.status = 'RUNNING'
+            FOR NO KEY UPDATE OF r SKIP LOCKED
+        ), extended AS (
+            UPDATE batch_job_run r
+            SET heartbeat_at = COALESCE($4, now()),
+                lease_expires_at = COALESCE($4, now()) + make_interval(secs => h.ttl)
+            FROM h, locked
+            WHERE r.job_key = h.job_key AND r.job_key = locked.job_key
+            RETURNING r.job_key
+        )
+        SELECT h.job_key,
+               EXISTS (SELECT 1 FROM extended e WHERE e.job_key = h.job_key) AS extended,
+               EXISTS (SELECT 1 FROM mine m WHERE m.job_key = h.job_key) AS mine
+        FROM h
+        "#,
+    )
+    .bind(&keys)
+    .bind(&tokens)
+    .bind(&ttls)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    let mut report = HeartbeatReport::default();
+    for row in rows {
+        let key: String = row.try_get("job_key")?;
+        let key = JobKey::parse(&key).map_err(|e| QueueError::Invalid(e.to_string()))?;
+        let extended: bool = row.try_get("extended")?;
+        let mine: bool = row.try_get("mine")?;
+        match (extended, mine) {
+            (true, _) => report.extended.push(key),
+            (false, true) => report.busy.push(key),
+            (false, false) => report.lost.push(key),
+        }
+    }
+    Ok(report)
+}
+
+/// A transaction that may write a run's items: it began by checking and
+/// locking `(job_key, lease_token, RUNNING, lease not expired)`, and keeps the
+/// row locked until commit, so no takeover can happen in between and a worker
+/// whose lease was taken can never commit.
+pub struct FencedTx {
+    tx: Transaction<'static, Postgres>,
+    fence: Fence,
+    lease_ttl: Duration,
+    clock: Clock,
+    processed: i64,
+    failed: i64,
+}
+
+impl std::fmt::Debug for FencedTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTx")
+            .field("fence", &self.fence)
+            .field("processed", &self.processed)
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+/// Opens a fenced transaction, or fails with [`QueueError::LeaseLost`].
+pub async fn begin_fenced(
+    pool: &PgPool,
+    fence: &Fence,
+    lease_ttl: Duration,
+    clock: Clock,
+) -> Result<FencedTx, QueueError> {
+    let mut tx = pool.begin().await?;
+    // FOR NO KEY UPDATE rather than FOR SHARE: this transaction updates the
+    // same row at commit, and upgrading a share lock can deadlock against a
+    // takeover that queued in between.
+    let ok: Option<i32> = sqlx::query_scalar(
+        r#"
+        SELECT 1 FROM batch_job_run
+        WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
+          AND lease_expires_at > COALESCE($3, now())
+        FOR NO KEY UPDATE
+        "#,
+    )
+    .bind(fence.key.as_str())
+    .bind(fence.token)
+    .bind(clock.bind())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if ok.is_none() {
+        return Err(QueueError::LeaseLost(fence.key.to_string()));
+    }
+    Ok(FencedTx {
+        tx,
+        fence: fence.clone(),
+        lease_ttl,
+        clock,
+        processed: 0,
+        failed: 0,
+    })
+}
+
+impl FencedTx {
+    /// The connection to write items with; every statement on it is inside
+    /// the fence.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+
+    /// Counts items this transaction processed and failed; they reach the
+    /// run's counters only if it commits.
+    pub fn add_progress(&mut self, processed: i64, failed: i64) {
+        self.processed += processed;
+        self.failed += failed;
+    }
+
+    /// The counts added so far.
+    pub fn progress(&self) -> (i64, i64) {
+        (self.processed, self.failed)
+    }
+
+    /// Advances the run's counters and extends its lease (progress is proof
+    /// of life), then commits everything written in the fence.
+    pub async fn commit(mut self) -> Result<(i64, i64), QueueError> {
+        let n = sqlx::query(
+            r#"
+            UPDATE batch_job_run
+            SET processed_count = processed_count + $3,
+                failed_count = failed_count + $4,
+                heartbeat_at = COALESCE($6, now()),
+                lease_expires_at = GREATEST(lease_expires_at,
+                                            COALESCE($6, now()) + make_interval(secs => $5))
+            WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
+            "#,
+        )
+        .bind(self.fence.key.as_str())
+        .bind(self.fence.token)
+        .bind(self.processed)
+        .bind(self.failed)
+        .bind(self.lease_ttl.as_secs_f64())
+        .bind(self.clock.bind())
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        if n != 1 {
+            // Unreachable while the row lock is held; checked all the same.
+            return Err(QueueError::LeaseLost(self.fence.key.to_string()));
+        }
+        // The attempt's own counters too, so its history row shows what it
+        // wrote even if the worker dies before finishing.
+        sqlx::query(
+            "UPDATE batch_job_attempt \
+             SET processed_count = processed_count + $3, failed_count = failed_count + $4 \
+             WHERE job_key = $1 AND lease_token = $2",
+        )
+        .bind(self.fence.key.as_str())
+        .bind(self.fence.token)
+        .bind(self.processed)
+        .bind(self.failed)
+        .execute(&mut *self.tx)
+        .await?;
+        self.tx.commit().await?;
+        Ok((self.processed, self.failed))
+    }
+
+    /// Abandons everything written in the fence.
+    pub async fn rollback(self) -> Result<(), QueueError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    Succeeded,
+    Skipped { reason: String },
+    /// A retryable failure: PENDING again after `delay`, or FAILED when the
+    /// attempts are used up.
+    Retry { error: String, delay: Duration },
+    /// A fatal failure: FAILED now.
+    Fatal { error: String },
+    /// Graceful shutdown: back to PENDING now with a new token.
+    Release,
+}
+
+/// Counts of one attempt (the history row accumulates them at each fenced
+/// commit; these are for the caller's logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptCounts {
+    pub processed: i64,
+    pub failed: i64,
+}
+
+/// Ends an attempt with one conditional statement on `(job_key, lease_token)`
+/// that also closes the attempt row. Returns the run's new status, or
+/// [`QueueError::LeaseLost`] when the token no longer owns it.
+pub async fn finish(
+    pool: &PgPool,
+    fence: &Fence,
+    finish: &Finish,
+    clock: Clock,
+) -> Result<RunStatus, QueueError> {
+    let (kind, message, delay) = match finish {
+        Finish::Succeeded => ("succeeded", None, 0.0),
+        Finish::Skipped { reason } => ("skipped", Some(truncate(reason)), 0.0),
+        Finish::Retry { error, delay } => ("retry", Some(truncate(error)), delay.as_secs_f64()),
+        Finish::Fatal { error } => ("fatal", Some(truncate(error)), 0.0),
+        Finish::Release => ("release", None, 0.0),
+    };
+    let status: Option<String> = sqlx::query_scalar(
+        r#"
+        WITH next AS (
+            SELECT r.job_key,
+                   CASE
+                     WHEN $3 = 'succeeded' THEN 'SUCCEEDED'
+                     WHEN $3 = 'skipped' THEN 'SKIPPED'
+                     WHEN $3 = 'release' THEN 'PENDING'
+                     WHEN $3 = 'retry' AND r.attempts < r.max_attempts THEN 'PENDING'
+                     ELSE 'FAILED'
+                   END AS status
+            FROM batch_job_run r
+            WHERE r.job_key = $1 AND r.lease_token = $2 AND r.status = 'RUNNING'
+            FOR NO KEY UPDATE
+        ), upd AS (
+            UPDATE batch_job_run r
+            SET status = next.status,
+                next_run_at = CASE WHEN next.status = 'PENDING'
+                                   THEN COALESCE($6, now()) + make_interval(secs => $5)
+                                   ELSE r.next_run_at END,
+                finished_at = CASE WHEN next.status = 'PENDING' THEN NULL
+                                   ELSE COALESCE($6, now()) END,
+                lease_expires_at = NULL,
+                -- A released run gets a new token at once, so nothing still
+                -- running under the old one can commit.
+                lease_token = CASE WHEN $3 = 'release'
+                                   THEN nextval('batch_lease_token_seq')
+                                   ELSE r.lease_token END,
+                error_message = CASE WHEN $3 = 'succeeded' THEN NULL
+                                     WHEN $3 = 'release' THEN r.error_message
+                                     ELSE $4 END
+            FROM next
+            WHERE r.job_key = next.job_key
+            RETURNING r.status
+        ), attempt AS (
+            UPDATE batch_job_attempt a
+            SET finished_at = COALESCE($6, now()),
+                outcome = CASE
+                            WHEN $3 = 'retry' AND upd.status = 'PENDING' THEN 'retried'
+                            WHEN $3 = 'retry' THEN 'failed'
+                            WHEN $3 = 'release' THEN 'released'
+                            ELSE $3 END,
+                error_message = $4
+            FROM upd
+            WHERE a.job_key = $1 AND a.lease_token = $2
+        )
+        SELECT status FROM upd
+        "#,
+    )
+    .bind(fence.key.as_str())
+    .bind(fence.token)
+    .bind(kind)
+    .bind(message)
+    .bind(delay)
+    .bind(clock.bind())
+    .fetch_optional(pool)
+    .await?;
+    match status.as_deref().and_then(RunStatus::parse) {
+        Some(s) => Ok(s),
+        None => Err(QueueError::LeaseLost(fence.key.to_string())),
+    }
+}
+
+/// The retry delay after failed attempt `attempt` (1-based): `base * 2^(n-1)`,
+/// capped at `max`, then drawn uniformly from its upper half so that runs
+/// failing together do not retry together.
+pub fn backoff_delay(attempt: i32, base: Duration, max: Duration) -> Duration {
+    let exp = attempt.clamp(1, 31) as u32 - 1;
+    let full = base.saturating_mul(2u32.saturating_pow(exp)).min(max);
+    let half = full / 2;
+    let jitter = rand::thread_rng().gen_range(0.0..=1.0);
+    half + half.mul_f64(jitter)
+}
+
+/// A run whose lease expired and was recovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    pub key: JobKey,
+    pub previous_owner: Option<String>,
+    pub status: RunStatus,
+}
+
+/// Lease-expiry recovery for jobs under policy `retry` (DESIGN.md §4.7): a
+/// RUNNING run whose lease expired goes back to PENDING with a new token, or to
+/// FAILED when that was its last attempt. The token bump fences the old holder.
+pub async fn recover_expired(
+    pool: &PgPool,
+    retry_jobs: &[JobName],
+    clock: Clock,
+) -> Result<Vec<Recovered>, QueueError> {
+    if retry_jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = retry_jobs.iter().map(JobName::as_str).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH expired AS (
+            SELECT job_key, lease_token AS old_token, lease_owner AS old_owner
+            FROM batch_job_run
+            WHERE status = 'RUNNING'
+              AND lease_expires_at <= COALESCE($2, now())
+              AND job_name = ANY($1)
+            FOR NO KEY UPDATE SKIP LOCKED
+        ), upd AS (
+            UPDATE batch_job_run r
+            SET status = CASE WHEN r.attempts < r.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
+                next_run_at = COALESCE($2, now()),
+                finished_at = CASE WHEN r.attempts < r.max_attempts THEN NULL
+                                   ELSE COALESCE($2, now()) END,
+                lease_token = nextval('batch_lease_token_seq'),
+                lease_expires_at = NULL,
+                error_message = left('lease expired: worker ' || coalesce(e.old_owner, '?')
+                                     || ' stopped heartbeating', 1000)
+            FROM expired e
+            WHERE r.job_key = e.job_key
+            RETURNING r.job_key, r.status, e.old_owner
+        ), attempt AS (
+            UPDATE batch_job_attempt a
+            SET finished_at = COALESCE($2, now()),
+                outcome = 'lease_expired',
+                error_message = 'lease expired without a heartbeat'
+            FROM expired e
+            WHERE a.job_key = e.job_key AND a.lease_token = e.old_token
+              AND a.finished_at IS NULL
+        )
+        SELECT job_key, status, old_owner FROM upd
+        "#,
+    )
+    .bind(&names)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let key: String = row.try_get("job_key")?;
+            let status: String = row.try_get("status")?;
+            Ok(Recovered {
+                key: JobKey::parse(&key).map_err(|e| QueueError::Invalid(e.to_string()))?,
+                previous_owner: row.try_get("old_owner")?,
+                status: RunStatus::parse(&status)
+                    .ok_or_else(|| QueueError::Invalid(format!("unknown status {status}")))?,
+            })
+        })
+        .collect()
+}
+
+/// One run as the inspection commands show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunView {
+    pub job_key: String,
+    pub job_name: String,
+    pub business_date: NaiveDate,
+    pub status: String,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub next_run_at: DateTime<Utc>,
+    pub lease_owner: Option<String>,
+    pub lease_token: Option<i64>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    pub enqueued_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub processed_count: i64,
+    pub failed_count: i64,
+    pub error_message: Option<String>,
+}
+
+/// One attempt from the history.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AttemptView {
+    pub attempt: i32,
+    pub lease_token: i64,
+    pub worker_id: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outcome: Option<String>,
+    pub error_message: Option<String>,
+    pub processed_count: i64,
+    pub failed_count: i64,
+}
+
+const RUN_COLUMNS: &str = "job_key, job_name, business_date, status, attempts, max_attempts, \
+    next_run_at, lease_owner, lease_token, lease_expires_at, heartbeat_at, enqueued_at, \
+    started_at, finished_at, processed_count, failed_count, error_message";
+
+fn run_from_row(row: &PgRow) -> Result<RunView, sqlx::Error> {
+    Ok(RunView {
+        job_key: row.try_get("job_key")?,
+        job_name: row.try_get("job_name")?,
+        business_date: row.try_get("business_date")?,
+        status: row.try_get("status")?,
+        attempts: row.try_get("attempts")?,
+        max_attempts: row.try_get("max_attempts")?,
+        next_run_at: row.try_get("next_run_at")?,
+        lease_owner: row.try_get("lease_owner")?,
+        lease_token: row.try_get("lease_token")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        heartbeat_at: row.try_get("heartbeat_at")?,
+        enqueued_at: row.try_get("enqueued_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+        processed_count: row.try_get("processed_count")?,
+        failed_count: row.try_get("failed_count")?,
+        error_message: row.try_get("error_message")?,
+    })
+}
+
+/// Runs, newest business date first, optionally filtered.
+pub async fn list_runs(
+    pool: &PgPool,
+    status: Option<RunStatus>,
+    job: Option<&JobName>,
+    limit: u32,
+) -> Result<Vec<RunView>, QueueError> {
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM batch_job_run \
+         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR job_name = $2) \
+         ORDER BY business_date DESC, job_key LIMIT $3"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(status.map(RunStatus::as_str))
+        .bind(job.map(JobName::as_str))
+        .bind(limit as i64)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.iter().map(run_from_row).collect::<Result<_, _>>()?)
+}
+
+/// One run and its attempt history, or `None` if the key is unknown.
+pub async fn show_run(
+    pool: &PgPool,
+    key: &JobKey,
+) -> Result<Option<(RunView, Vec<AttemptView>)>, QueueError> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM batch_job_run WHERE job_key = $1");
+    let Some(row) = sqlx::query(&sql)
+        .bind(key.as_str())
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let run = run_from_row(&row)?;
+    let attempts = sqlx::query(
+        "SELECT attempt, lease_token, worker_id, started_at, finished_at, outcome, \
+         error_message, processed_count, failed_count \
+         FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
+    )
+    .bind(key.as_str())
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(AttemptView {
+            attempt: r.try_get("attempt")?,
+            lease_token: r.try_get("lease_token")?,
+            worker_id: r.try_get("worker_id")?,
+            started_at: r.try_get("started_at")?,
+            finished_at: r.try_get("finished_at")?,
+            outcome: r.try_get("outcome")?,
+            error_message: r.try_get("error_message")?,
+            processed_count: r.try_get("processed_count")?,
+            failed_count: r.try_get("failed_count")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(Some((run, attempts)))
+}
+
+/// Counts per job and status, for `status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatusCount {
+    pub job_name: String,
+    pub status: String,
+    pub runs: i64,
+}
+
+/// The queue at a glance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueueStatus {
+    pub counts: Vec<StatusCount>,
+    /// Age in seconds of the oldest due PENDING run, by the database clock.
+    pub oldest_pending_seconds: Option<f64>,
+    /// RUNNING runs whose lease has expired.
+    pub expired_leases: i64,
+    /// RUNNING runs older than the given `stale_after` per job.
+    pub stale: Vec<String>,
+}
+
+/// Counts per job and status, the oldest due PENDING run, and stale runs
+/// (RUNNING longer than the job's `stale_after`).
+pub async fn status(
+    pool: &PgPool,
+    stale_after: &[(JobName, Duration)],
+    clock: Clock,
+) -> Result<QueueStatus, QueueError> {
+    let counts = sqlx::query(
+        "SELECT job_name, status, count(*) AS runs FROM batch_job_run \
+         GROUP BY job_name, status ORDER BY job_name, status",
+    )
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(StatusCount {
+            job_name: r.try_get("job_name")?,
+            status: r.try_get("status")?,
+            runs: r.try_get("runs")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let oldest: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
+         FROM batch_job_run WHERE status = 'PENDING' AND next_run_at <= COALESCE($1, now())",
+    )
+    .bind(clock.bind())
+    .fetch_one(pool)
+    .await?;
+    let expired: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM batch_job_run \
+         WHERE status = 'RUNNING' AND lease_expires_at <= COALESCE($1, now())",
+    )
+    .bind(clock.bind())
+    .fetch_one(pool)
+    .await?;
+    let names: Vec<&str> = stale_after.iter().map(|(n, _)| n.as_str()).collect();
+    let secs: Vec<f64> = stale_after.iter().map(|(_, d)| d.as_secs_f64()).collect();
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT r.job_key FROM batch_job_run r \
+         JOIN unnest($1::text[], $2::float8[]) AS s(job_name, secs) ON s.job_name = r.job_name \
+         WHERE r.status = 'RUNNING' \
+           AND r.started_at < COALESCE($3, now()) - make_interval(secs => s.secs) \
+         ORDER BY r.started_at",
+    )
+    .bind(&names)
+    .bind(&secs)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    Ok(QueueStatus {
+        counts,
+        oldest_pending_seconds: oldest,
+        expired_leases: expired,
+        stale,
+    })
+}
+
+/// Truncates to the stored limit on a character boundary.
+pub fn truncate(s: &str) -> String {
+    match s.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((i, _)) => s[..i].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        let s = "가".repeat(1500);
+        let t = truncate(&s);
+        assert_eq!(t.chars().count(), MAX_ERROR_CHARS);
+        assert_eq!(truncate("short"), "short");
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let base = Duration::from_secs(10);
+        let max = Duration::from_secs(60);
+        for _ in 0..100 {
+            let d1 = backoff_delay(1, base, max);
+            assert!(d1 >= Duration::from_secs(5) && d1 <= Duration::from_secs(10));
+            let d3 = backoff_delay(3, base, max);
+            assert!(d3 >= Duration::from_secs(20) && d3 <= Duration::from_secs(40));
+            let d9 = backoff_delay(9, base, max);
+            assert!(d9 >= Duration::from_secs(30) && d9 <= Duration::from_secs(60));
+        }
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        for s in RunStatus::ALL {
+            assert_eq!(RunStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(RunStatus::parse("failed"), Some(RunStatus::Failed));
+        assert_eq!(RunStatus::parse("DONE"), None);
+    }
+}

@@ -1,0 +1,96 @@
+//! Test support (feature `testing`): a fresh database per test, on
+//! `DATABASE_URL`'s server when it is set, otherwise on a private cluster
+//! under `target/` started once from the installed PostgreSQL binaries and
+//! shared by every test process. Tests can run in parallel.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+
+use crate::db;
+use crate::embedded::{Cluster, ClusterOptions};
+
+/// The server tests create their databases on.
+fn server_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(u) = std::env::var("DATABASE_URL") {
+            if !u.trim().is_empty() {
+                return u;
+            }
+        }
+        let dir = std::env::var_os("BATCHONCE_TEST_PGDIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/batchonce-test-pg")
+            });
+        let opts = ClusterOptions {
+            dir,
+            durable: false,
+            max_connections: 400,
+        };
+        // Tests cannot run without a database: failing loudly is the point.
+        let cluster = Cluster::start(&opts).unwrap_or_else(|e| panic!("test database: {e}"));
+        cluster.url("postgres")
+    })
+}
+
+/// A database of its own for one test, dropped when the value is dropped.
+pub struct TestDb {
+    pub name: String,
+    /// URL of this test's database (for child processes).
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// A fresh, migrated database (engine tables plus the given job kinds').
+    pub async fn new(kinds: &[&'static Migrator]) -> Self {
+        let server = server_url();
+        let name = format!(
+            "bo_test_{}_{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let admin = db::connect(server, "batchonce-test", 1)
+            .await
+            .unwrap_or_else(|e| panic!("test database server: {e}"));
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("create test database: {e}"));
+        admin.close().await;
+        let url = db::with_database(server, &name).expect("test URL");
+        let pool = db::connect(&url, "batchonce-test", 16)
+            .await
+            .unwrap_or_else(|e| panic!("connect test database: {e}"));
+        db::migrate(&pool, kinds)
+            .await
+            .unwrap_or_else(|e| panic!("migrate test database: {e}"));
+        Self { name, url, pool }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop runs outside any runtime guarantees, so a small runtime of its
+        // own removes the database; a failure only leaves it behind.
+        let name = self.name.clone();
+        let server = server_url().to_owned();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(admin) = db::connect(&server, "batchonce-test", 1).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&admin)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}

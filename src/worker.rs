@@ -1,0 +1,531 @@
+//! The worker runtime: claims runs, executes their handlers with bounded
+//! concurrency, heartbeats every held lease on its own connection and
+//! schedule, recovers expired leases, wakes on NOTIFY (polling as fallback),
+//! and shuts down gracefully. Transient database errors are logged and retried
+//! with backoff; they never end the process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::clock::Clock;
+use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
+use crate::job::{JobContext, JobError, Outcome, Progress, Registry};
+use crate::key::{JobKey, JobName};
+use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
+
+/// How a worker process behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub worker_id: String,
+    /// Runs executed at once.
+    pub concurrency: u32,
+    /// Claim attempts without a NOTIFY, so nothing waits on a lost wake-up.
+    pub poll_interval: Duration,
+    /// After SIGTERM, how long running handlers may take to reach a chunk
+    /// boundary before they are abandoned and their leases released.
+    pub grace: Duration,
+    /// Whether to LISTEN for enqueue notifications.
+    pub listen: bool,
+}
+
+impl WorkerOptions {
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            concurrency: 4,
+            poll_interval: Duration::from_secs(2),
+            grace: Duration::from_secs(20),
+            listen: true,
+        }
+    }
+}
+
+/// The signals that stop a worker: `shutdown` stops claiming and asks handlers
+/// to stop at a chunk boundary; `abort` abandons them at once (a second signal,
+/// or the end of the grace period).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    pub shutdown: CancellationToken,
+    pub abort: CancellationToken,
+}
+
+struct Held {
+    token: i64,
+    lease_ttl: Duration,
+    /// Set when the lease is gone (taken over, or not renewed within its ttl).
+    lost: CancellationToken,
+    /// What the handler sees: shutdown or lease lost.
+    cancel: CancellationToken,
+    last_ok: Instant,
+}
+
+struct Shared {
+    registry: Registry,
+    config: Config,
+    pool: PgPool,
+    opts: WorkerOptions,
+    held: Mutex<HashMap<JobKey, Held>>,
+    signals: Shutdown,
+    clock: Clock,
+}
+
+/// Runs a worker until `signals.shutdown` fires and every handler has ended.
+///
+/// `pool` serves claims and handlers; `heartbeat_pool` is reserved for
+/// heartbeats so that a pool busy with handlers cannot delay them.
+pub async fn run(
+    registry: Registry,
+    config: Config,
+    pool: PgPool,
+    heartbeat_pool: PgPool,
+    opts: WorkerOptions,
+    signals: Shutdown,
+) {
+    let specs: Vec<ClaimSpec> = registry
+        .names()
+        .map(|n| ClaimSpec {
+            job: n.clone(),
+            lease_ttl: job_config(&config, n).lease_ttl,
+        })
+        .collect();
+    let retry_jobs: Vec<JobName> = registry
+        .names()
+        .filter(|n| job_config(&config, n).on_lease_expiry == LeaseExpiryPolicy::Retry)
+        .cloned()
+        .collect();
+    let min_ttl = specs
+        .iter()
+        .map(|s| s.lease_ttl)
+        .min()
+        .unwrap_or(Duration::from_secs(30));
+    let shared = Arc::new(Shared {
+        registry,
+        config,
+        pool: pool.clone(),
+        opts: opts.clone(),
+        held: Mutex::new(HashMap::new()),
+        signals: signals.clone(),
+        clock: Clock::Db,
+    });
+    let stopped = CancellationToken::new();
+    let wake = Arc::new(Notify::new());
+    let mut services = JoinSet::new();
+    services.spawn(heartbeat_loop(
+        shared.clone(),
+        heartbeat_pool,
+        (min_ttl / 3).max(Duration::from_millis(200)),
+        stopped.clone(),
+    ));
+    services.spawn(rescue_loop(
+        pool.clone(),
+        retry_jobs,
+        (min_ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(15)),
+        wake.clone(),
+        stopped.clone(),
+    ));
+    if opts.listen {
+        services.spawn(listen_loop(pool.clone(), wake.clone(), stopped.clone()));
+    }
+    info!(
+        worker_id = %opts.worker_id,
+        concurrency = opts.concurrency,
+        jobs = ?specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>(),
+        "worker started"
+    );
+
+    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1) as usize));
+    let mut tasks = JoinSet::new();
+    let mut backoff = Backoff::new();
+    while !signals.shutdown.is_cancelled() {
+        while let Some(done) = tasks.try_join_next() {
+            log_task_end(done);
+        }
+        let free = permits.available_permits();
+        if free > 0 {
+            match queue::claim(&pool, &opts.worker_id, &specs, free as u32, Clock::Db).await {
+                Ok(leases) => {
+                    backoff.reset();
+                    for lease in leases {
+                        // Only this loop takes permits, and `free` were available.
+                        let Ok(permit) = permits.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let shared = shared.clone();
+                        tasks.spawn(async move {
+                            execute(shared, lease).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    let delay = backoff.next();
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "claim failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = signals.shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = signals.shutdown.cancelled() => {}
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(opts.poll_interval) => {}
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => log_task_end(done),
+        }
+    }
+
+    info!(
+        worker_id = %opts.worker_id,
+        running = tasks.len(),
+        grace_ms = opts.grace.as_millis() as u64,
+        "shutting down: no more claims; letting running handlers reach a chunk boundary"
+    );
+    let deadline = tokio::time::sleep(opts.grace);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            done = tasks.join_next() => match done {
+                Some(done) => log_task_end(done),
+                None => break,
+            },
+            _ = &mut deadline => {
+                warn!(running = tasks.len(), "grace period over; abandoning the current chunks");
+                signals.abort.cancel();
+                break;
+            }
+            _ = signals.abort.cancelled() => break,
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        log_task_end(done);
+    }
+    stopped.cancel();
+    while services.join_next().await.is_some() {}
+    info!(worker_id = %opts.worker_id, "worker stopped");
+}
+
+fn job_config(config: &Config, name: &JobName) -> JobConfig {
+    config.job(name).cloned().unwrap_or_default()
+}
+
+fn log_task_end(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        error!(error = %e, "run task ended abnormally");
+    }
+}
+
+/// One attempt, from claimed lease to finish.
+async fn execute(shared: Arc<Shared>, lease: Lease) {
+    let cfg = job_config(&shared.config, &lease.job);
+    let Some(job) = shared.registry.get(&lease.job).cloned() else {
+        // Unreachable: claims name only registered jobs. Release it anyway.
+        release(&shared, &lease, AttemptCounts::default()).await;
+        return;
+    };
+    let lost = CancellationToken::new();
+    let cancel = shared.signals.shutdown.child_token();
+    {
+        let mut held = lock(&shared.held);
+        held.insert(
+            lease.key.clone(),
+            Held {
+                token: lease.token,
+                lease_ttl: cfg.lease_ttl,
+                lost: lost.clone(),
+                cancel: cancel.clone(),
+                last_ok: Instant::now(),
+            },
+        );
+    }
+    let progress = Arc::new(Progress::default());
+    let ctx = JobContext::new(
+        &lease,
+        &shared.opts.worker_id,
+        cfg.clone(),
+        shared.pool.clone(),
+        cancel.clone(),
+        progress.clone(),
+        shared.clock,
+    );
+    let started = Instant::now();
+    info!(
+        job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
+        worker_id = %shared.opts.worker_id, lease_token = lease.token,
+        "run started"
+    );
+    let mut handle = tokio::spawn(async move { job.run(&ctx).await });
+    enum End {
+        Handler(Result<Outcome, JobError>),
+        Lost,
+        Aborted,
+    }
+    let end = tokio::select! {
+        r = &mut handle => End::Handler(match r {
+            Ok(r) => r,
+            Err(e) => Err(JobError::Retryable(format!("handler panicked: {e}"))),
+        }),
+        _ = lost.cancelled() => End::Lost,
+        _ = shared.signals.abort.cancelled() => End::Aborted,
+    };
+    if !matches!(end, End::Handler(_)) {
+        // Dropping the handler drops its open fenced transaction: rolled back.
+        handle.abort();
+        let _ = handle.await;
+    }
+    let counts = AttemptCounts {
+        processed: progress.processed(),
+        failed: progress.failed(),
+    };
+    let finish = match end {
+        End::Handler(Ok(Outcome::Succeeded)) => Some(Finish::Succeeded),
+        End::Handler(Ok(Outcome::Skipped(reason))) => Some(Finish::Skipped { reason }),
+        End::Handler(Err(JobError::Retryable(error))) => Some(Finish::Retry {
+            error,
+            delay: queue::backoff_delay(lease.attempt, cfg.backoff, cfg.backoff_max),
+        }),
+        End::Handler(Err(JobError::Fatal(error))) => Some(Finish::Fatal { error }),
+        End::Handler(Err(JobError::LeaseLost)) | End::Lost => None,
+        End::Handler(Err(JobError::Cancelled)) if lost.is_cancelled() => None,
+        End::Handler(Err(JobError::Cancelled)) | End::Aborted => Some(Finish::Release),
+    };
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    match finish {
+        None => warn!(
+            job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
+            worker_id = %shared.opts.worker_id, lease_token = lease.token,
+            processed = counts.processed, failed = counts.failed, elapsed_ms,
+            outcome = "lease_lost", "run stopped: lease lost, nothing more is written"
+        ),
+        Some(Finish::Release) => release(&shared, &lease, counts).await,
+        Some(f) => finish_with_retries(&shared, &lease, &f, counts, &lost, elapsed_ms).await,
+    }
+    lock(&shared.held).remove(&lease.key);
+}
+
+async fn finish_with_retries(
+    shared: &Shared,
+    lease: &Lease,
+    finish: &Finish,
+    counts: AttemptCounts,
+    lost: &CancellationToken,
+    elapsed_ms: u64,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        match queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await {
+            Ok(status) => {
+                let error = match finish {
+                    Finish::Retry { error, .. } | Finish::Fatal { error } => Some(error.as_str()),
+                    Finish::Skipped { reason } => Some(reason.as_str()),
+                    _ => None,
+                };
+                info!(
+                    job_key = %lease.key, business_date = %lease.business_date,
+                    attempt = lease.attempt, worker_id = %shared.opts.worker_id,
+                    lease_token = lease.token, processed = counts.processed,
+                    failed = counts.failed, elapsed_ms, status = %status,
+                    outcome = outcome_name(finish, status), error, "run finished"
+                );
+                return;
+            }
+            Err(QueueError::LeaseLost(_)) => {
+                warn!(job_key = %lease.key, attempt = lease.attempt, outcome = "lease_lost",
+                      "finish refused: lease lost; the run belongs to someone else now");
+                return;
+            }
+            Err(e) if e.is_transient() && !lost.is_cancelled() => {
+                let delay = backoff.next();
+                warn!(job_key = %lease.key, error = %e, retry_in_ms = delay.as_millis() as u64,
+                      "finish failed; retrying while the lease lasts");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = lost.cancelled() => {}
+                }
+            }
+            Err(e) => {
+                error!(job_key = %lease.key, error = %e,
+                       "finish failed; the lease will expire and the run be recovered");
+                return;
+            }
+        }
+    }
+}
+
+fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
+    match finish {
+        Finish::Succeeded => "succeeded",
+        Finish::Skipped { .. } => "skipped",
+        Finish::Retry { .. } if status == queue::RunStatus::Pending => "retried",
+        Finish::Retry { .. } => "failed",
+        Finish::Fatal { .. } => "fatal",
+        Finish::Release => "released",
+    }
+}
+
+async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
+    for attempt in 0..3 {
+        match queue::finish(&shared.pool, &lease.fence(), &Finish::Release, shared.clock)
+            .await
+        {
+            Ok(_) => {
+                info!(job_key = %lease.key, attempt = lease.attempt, processed = counts.processed,
+                      outcome = "released", "lease released for another worker");
+                return;
+            }
+            Err(QueueError::LeaseLost(_)) => return,
+            Err(e) => {
+                warn!(job_key = %lease.key, error = %e, try_no = attempt + 1, "release failed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    warn!(job_key = %lease.key, "could not release the lease; it will expire and be recovered");
+}
+
+/// Extends every held lease in one statement on a dedicated pool. A lease
+/// that could not be renewed within its ttl on this process's own monotonic
+/// clock is treated as lost (self-fencing), even if the database is unreachable.
+async fn heartbeat_loop(
+    shared: Arc<Shared>,
+    pool: PgPool,
+    every: Duration,
+    stopped: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stopped.cancelled() => return,
+        }
+        let snapshot: Vec<HeldLease> = lock(&shared.held)
+            .iter()
+            .map(|(k, h)| HeldLease {
+                fence: queue::Fence {
+                    key: k.clone(),
+                    token: h.token,
+                },
+                lease_ttl: h.lease_ttl,
+            })
+            .collect();
+        if snapshot.is_empty() {
+            continue;
+        }
+        let result = queue::heartbeat(&pool, &snapshot, shared.clock).await;
+        let mut held = lock(&shared.held);
+        match result {
+            Ok(report) => {
+                for k in report.extended.iter().chain(&report.busy) {
+                    if let Some(h) = held.get_mut(k) {
+                        h.last_ok = Instant::now();
+                    }
+                }
+                for k in &report.lost {
+                    if let Some(h) = held.get(k) {
+                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
+                              "heartbeat: lease lost; cancelling the handler");
+                        h.lost.cancel();
+                        h.cancel.cancel();
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "heartbeat failed");
+                for (k, h) in held.iter() {
+                    if h.last_ok.elapsed() >= h.lease_ttl && !h.lost.is_cancelled() {
+                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
+                              "no heartbeat within the lease ttl; stopping the handler (self-fencing)");
+                        h.lost.cancel();
+                        h.cancel.cancel();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Puts runs whose lease expired back to PENDING (policy `retry`).
+async fn rescue_loop(
+    pool: PgPool,
+    retry_jobs: Vec<JobName>,
+    every: Duration,
+    wake: Arc<Notify>,
+    stopped: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stopped.cancelled() => return,
+        }
+        match queue::recover_expired(&pool, &retry_jobs, Clock::Db).await {
+            Ok(recovered) => {
+                for r in &recovered {
+                    warn!(job_key = %r.key, previous_owner = r.previous_owner.as_deref().unwrap_or("?"),
+                          status = %r.status, outcome = "lease_expired",
+                          "lease expired; run recovered with a new token");
+                }
+                if !recovered.is_empty() {
+                    wake.notify_one();
+                }
+            }
+            Err(e) => warn!(error = %e, "lease-expiry recovery failed; retrying"),
+        }
+    }
+}
+
+/// Wakes the claim loop on every enqueue notification; reconnects with backoff.
+async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stopped: CancellationToken) {
+    let mut backoff = Backoff::new();
+    loop {
+        let session = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(queue::NOTIFY_CHANNEL).await?;
+            loop {
+                listener.recv().await?;
+                wake.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            r = session => if let Err(e) = r {
+                warn!(error = %e, "LISTEN connection lost; polling until it is back");
+            },
+            _ = stopped.cancelled() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next()) => {}
+            _ = stopped.cancelled() => return,
+        }
+    }
+}
+
+/// Exponential backoff for reconnects: 100ms doubling to 10s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Self(Duration::from_millis(100))
+    }
+    fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(10));
+        d
+    }
+    fn reset(&mut self) {
+        self.0 = Duration::from_millis(100);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere; the map stays usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,6 @@
+//! The `batchonce` binary: registers the bundled job kinds and hands over to
+//! the engine's command line.
+
+fn main() -> std::process::ExitCode {
+    batchonce::cli::main(batchonce_workers::registry())
+}

@@ -1,0 +1,284 @@
+//! `daily-settlement`: settles the orders paid on one business date (in the
+//! job's time zone) into one `settlement_item` per order, then per-merchant
+//! totals in `settlement_summary`. Every write is fenced by the lease token and
+//! idempotent by item key, so a retry after a crash resumes without a second row.
+
+use async_trait::async_trait;
+use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
+use chrono::{DateTime, Days, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use sqlx::migrate::Migrator;
+use sqlx::{PgPool, Row};
+
+/// The job kind's tables: `orders` (source), `settlement_item`, `settlement_summary`.
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+
+pub const NAME: &str = "daily-settlement";
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DailySettlement;
+
+/// The first instant of `date` in `tz`. Where local midnight does not exist
+/// (a DST gap at midnight), the day starts at the first local time that does;
+/// where it is ambiguous, at its earlier occurrence. Pure: no process time zone.
+pub fn start_of_day(date: NaiveDate, tz: Tz) -> DateTime<Utc> {
+    let mut local = date.and_time(NaiveTime::MIN);
+    // DST gaps are at most a few hours; step a minute at a time past one.
+    for _ in 0..(24 * 60) {
+        if let Some(t) = tz.from_local_datetime(&local).earliest() {
+            return t.with_timezone(&Utc);
+        }
+        local += chrono::Duration::minutes(1);
+    }
+    // Unreachable for real zones; fall back to UTC midnight rather than panic.
+    Utc.from_utc_datetime(&date.and_time(NaiveTime::MIN))
+}
+
+/// `[start, end)` of a business date in UTC.
+pub fn day_bounds(date: NaiveDate, tz: Tz) -> (DateTime<Utc>, DateTime<Utc>) {
+    let next = date.checked_add_days(Days::new(1)).unwrap_or(date);
+    (start_of_day(date, tz), start_of_day(next, tz))
+}
+
+#[async_trait]
+impl Job for DailySettlement {
+    fn name(&self) -> JobName {
+        // Invariant: NAME is a valid job name (checked by a unit test).
+        JobName::parse(NAME).expect("valid job name")
+    }
+
+    fn default_config(&self) -> JobConfig {
+        JobConfig {
+            timezone: chrono_tz::Asia::Seoul,
+            ..JobConfig::default()
+        }
+    }
+
+    fn migrations(&self) -> Option<&'static Migrator> {
+        Some(&MIGRATIONS)
+    }
+
+    fn demo(&self) -> Option<&dyn JobDemo> {
+        Some(self)
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        let (start, end) = day_bounds(ctx.business_date, ctx.config.timezone);
+        let chunk = i64::from(ctx.config.chunk_size);
+        let mut after = i64::MIN;
+        let mut first = true;
+        loop {
+            if !first {
+                ctx.pause(ctx.config.chunk_pause).await?;
+            }
+            first = false;
+            if ctx.is_cancelled() {
+                return Err(JobError::Cancelled);
+            }
+            let mut tx = ctx.fenced().await?;
+            // One round trip per chunk: read the next orders by key, insert
+            // the missing items, and report how far the chunk reached.
+            let row = sqlx::query(
+                r#"
+                WITH chunk AS (
+                    SELECT order_id, merchant_id, amount_minor
+                    FROM orders
+                    WHERE paid_at >= $1 AND paid_at < $2 AND order_id > $3
+                    ORDER BY order_id
+                    LIMIT $4
+                ), ins AS (
+                    INSERT INTO settlement_item
+                        (business_date, order_id, merchant_id, amount_minor, job_key, lease_token)
+                    SELECT $5, order_id, merchant_id, amount_minor, $6, $7 FROM chunk
+                    ON CONFLICT ON CONSTRAINT settlement_item_business_date_order_id_key DO NOTHING
+                    RETURNING 1
+                )
+                SELECT (SELECT max(order_id) FROM chunk) AS last_id,
+                       (SELECT count(*) FROM chunk) AS scanned,
+                       (SELECT count(*) FROM ins) AS inserted
+                "#,
+            )
+            .bind(start)
+            .bind(end)
+            .bind(after)
+            .bind(chunk)
+            .bind(ctx.business_date)
+            .bind(ctx.key.as_str())
+            .bind(ctx.lease_token)
+            .fetch_one(tx.conn())
+            .await?;
+            let last_id: Option<i64> = row.try_get("last_id")?;
+            let scanned: i64 = row.try_get("scanned")?;
+            let inserted: i64 = row.try_get("inserted")?;
+            tx.add_progress(inserted, 0);
+            ctx.commit(tx).await?;
+            match last_id {
+                Some(id) if scanned == chunk => after = id,
+                _ => break,
+            }
+        }
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let mut tx = ctx.fenced().await?;
+        sqlx::query(
+            r#"
+            INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
+            SELECT business_date, merchant_id, count(*), sum(amount_minor)
+            FROM settlement_item WHERE business_date = $1
+            GROUP BY business_date, merchant_id
+            ON CONFLICT ON CONSTRAINT settlement_summary_pkey DO UPDATE
+            SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor
+            "#,
+        )
+        .bind(ctx.business_date)
+        .execute(tx.conn())
+        .await?;
+        ctx.commit(tx).await?;
+        Ok(Outcome::Succeeded)
+    }
+}
+
+/// Demo orders per business date.
+const DEMO_ORDERS_PER_DAY: i64 = 1200;
+
+#[async_trait]
+impl JobDemo for DailySettlement {
+    async fn seed(
+        &self,
+        pool: &PgPool,
+        config: &JobConfig,
+        dates: &[NaiveDate],
+    ) -> Result<String, sqlx::Error> {
+        let mut total = 0i64;
+        // Orders of the day after the last date too: they must not be settled.
+        let mut days: Vec<NaiveDate> = dates.to_vec();
+        if let Some(next) = dates.last().and_then(|d| d.checked_add_days(Days::new(1))) {
+            days.push(next);
+        }
+        for d in days {
+            let (start, end) = day_bounds(d, config.timezone);
+            let next_id: i64 = sqlx::query_scalar("SELECT coalesce(max(order_id), 0) FROM orders")
+                .fetch_one(pool)
+                .await?;
+            // Spread evenly over the local day, starting exactly at local
+            // midnight, so the time-zone boundary is exercised.
+            let n = sqlx::query(
+                r#"
+                INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at)
+                SELECT $1 + g, 1 + (g * 7919) % 12, 1000 + (g * 104729) % 99000,
+                       $2::timestamptz + ($3::timestamptz - $2::timestamptz) * ((g - 1)::float8 / $4)
+                FROM generate_series(1, $4) AS g
+                "#,
+            )
+            .bind(next_id)
+            .bind(start)
+            .bind(end)
+            .bind(DEMO_ORDERS_PER_DAY)
+            .execute(pool)
+            .await?
+            .rows_affected();
+            total += n as i64;
+        }
+        Ok(format!(
+            "{total} orders over {} business days, {DEMO_ORDERS_PER_DAY} a day, 12 merchants",
+            dates.len() + 1
+        ))
+    }
+
+    async fn verify(
+        &self,
+        pool: &PgPool,
+        config: &JobConfig,
+        date: NaiveDate,
+    ) -> Result<Verification, sqlx::Error> {
+        verify(pool, config.timezone, date).await
+    }
+}
+
+/// Compares a date's settlement with its source orders: item count and total,
+/// duplicates, items from the wrong date, and the summary totals.
+pub async fn verify(pool: &PgPool, tz: Tz, date: NaiveDate) -> Result<Verification, sqlx::Error> {
+    let (start, end) = day_bounds(date, tz);
+    let row = sqlx::query(
+        r#"
+        SELECT
+          (SELECT count(*) FROM orders WHERE paid_at >= $2 AND paid_at < $3) AS src_n,
+          (SELECT coalesce(sum(amount_minor), 0)::bigint FROM orders
+            WHERE paid_at >= $2 AND paid_at < $3) AS src_sum,
+          (SELECT count(*) FROM settlement_item WHERE business_date = $1) AS item_n,
+          (SELECT coalesce(sum(amount_minor), 0)::bigint FROM settlement_item
+            WHERE business_date = $1) AS item_sum,
+          (SELECT count(*) FROM (SELECT order_id FROM settlement_item WHERE business_date = $1
+             GROUP BY order_id HAVING count(*) > 1) d) AS dups,
+          (SELECT count(*) FROM settlement_item i JOIN orders o USING (order_id)
+            WHERE i.business_date = $1 AND NOT (o.paid_at >= $2 AND o.paid_at < $3)) AS wrong_day,
+          (SELECT coalesce(sum(order_count), 0)::bigint FROM settlement_summary
+            WHERE business_date = $1) AS sum_n,
+          (SELECT coalesce(sum(total_minor), 0)::bigint FROM settlement_summary
+            WHERE business_date = $1) AS sum_total
+        "#,
+    )
+    .bind(date)
+    .bind(start)
+    .bind(end)
+    .fetch_one(pool)
+    .await?;
+    let get = |c: &str| row.try_get::<i64, _>(c);
+    let (src_n, src_sum, item_n, item_sum) =
+        (get("src_n")?, get("src_sum")?, get("item_n")?, get("item_sum")?);
+    let (dups, wrong_day, sum_n, sum_total) =
+        (get("dups")?, get("wrong_day")?, get("sum_n")?, get("sum_total")?);
+    let ok = src_n == item_n
+        && src_sum == item_sum
+        && dups == 0
+        && wrong_day == 0
+        && sum_n == src_n
+        && sum_total == src_sum;
+    Ok(Verification {
+        items: item_n,
+        duplicates: dups,
+        detail: format!(
+            "total {item_sum} vs source {src_sum} ({src_n} orders); summary {sum_total}; wrong-date items {wrong_day}"
+        ),
+        ok,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_is_valid() {
+        assert_eq!(DailySettlement.name().as_str(), NAME);
+    }
+
+    #[test]
+    fn seoul_day_starts_at_15_utc_the_day_before() {
+        let d = NaiveDate::from_ymd_opt(2026, 9, 15).unwrap();
+        let (s, e) = day_bounds(d, chrono_tz::Asia::Seoul);
+        assert_eq!(s.to_rfc3339(), "2026-09-14T15:00:00+00:00");
+        assert_eq!(e.to_rfc3339(), "2026-09-15T15:00:00+00:00");
+    }
+
+    #[test]
+    fn dst_days_are_23_and_25_hours() {
+        let ny = chrono_tz::America::New_York;
+        let (s, e) = day_bounds(NaiveDate::from_ymd_opt(2026, 3, 8).unwrap(), ny);
+        assert_eq!((e - s).num_hours(), 23);
+        let (s, e) = day_bounds(NaiveDate::from_ymd_opt(2026, 11, 1).unwrap(), ny);
+        assert_eq!((e - s).num_hours(), 25);
+    }
+
+    #[test]
+    fn a_missing_midnight_starts_the_day_at_the_first_valid_time() {
+        // Santiago springs forward at 24:00 on the first Saturday of September
+        // 2026, so 2026-09-06 00:00 does not exist there and the day starts at 01:00.
+        let tz = chrono_tz::America::Santiago;
+        let d = NaiveDate::from_ymd_opt(2026, 9, 6).unwrap();
+        let s = start_of_day(d, tz).with_timezone(&tz);
+        assert_eq!(s.date_naive(), d);
+        assert_eq!(s.format("%H:%M").to_string(), "01:00");
+    }
+}
