@@ -117,9 +117,12 @@ pub fn main(registry: Registry) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand)
-            {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
                 return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                     ExitCode::from(2)
@@ -129,18 +132,23 @@ pub fn main(registry: Registry) -> ExitCode {
             }
             // clap's own message, without the usage block: one line.
             let text = e.render().to_string();
-            let line = text
+            let first_paragraph: Vec<&str> = text
+                .trim_start()
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments")
-                .trim()
-                .trim_start_matches("error: ");
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let joined = first_paragraph.join(" ");
+            let line = joined.trim_start_matches("error: ");
             eprintln!("batchonce: error: {line} (see batchonce --help)");
             return ExitCode::from(2);
         }
     };
     init_logging(&cli);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("batchonce: error: cannot start the async runtime: {e}");
@@ -150,7 +158,17 @@ pub fn main(registry: Registry) -> ExitCode {
     match runtime.block_on(dispatch(cli, registry)) {
         Ok(code) => code,
         Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
+            // Library errors already carry their cause's text; add a cause
+            // only when it says something new.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg.push_str(": ");
+                    msg.push_str(&c);
+                }
+            }
+            let msg = msg.replace('\n', " ");
             eprintln!("batchonce: error: {msg}");
             ExitCode::FAILURE
         }
@@ -173,7 +191,11 @@ fn init_logging(cli: &Cli) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if json {
-        builder.json().flatten_event(true).with_current_span(false).init();
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init();
     } else {
         builder.init();
     }
@@ -193,7 +215,9 @@ fn load_config(cli: &Cli, registry: &Registry) -> anyhow::Result<Config> {
 fn require_url(cli: &Cli) -> anyhow::Result<&str> {
     match cli.database_url.as_deref() {
         Some(u) if !u.trim().is_empty() => Ok(u),
-        _ => bail!("no database: set DATABASE_URL or pass --database-url (only `demo` starts its own)"),
+        _ => bail!(
+            "no database: set DATABASE_URL or pass --database-url (only `demo` starts its own)"
+        ),
     }
 }
 
@@ -202,7 +226,11 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Demo => {
             let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
-            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Migrate => {
             let pool = db::connect(require_url(&cli)?, "batchonce-migrate", 2).await?;
@@ -230,7 +258,11 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             let report = queue::enqueue(&pool, std::slice::from_ref(&run), Clock::Db)
                 .await
                 .context("enqueue failed")?;
-            let result = if report.enqueued.is_empty() { "duplicate" } else { "enqueued" };
+            let result = if report.enqueued.is_empty() {
+                "duplicate"
+            } else {
+                "enqueued"
+            };
             if cli.json {
                 println!("{}", json!({"result": result, "job_key": run.key.as_str()}));
             } else {
@@ -287,7 +319,14 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                     None => println!("oldest due pending run: none"),
                 }
                 println!("expired leases: {}", st.expired_leases);
-                println!("stale runs: {}", if st.stale.is_empty() { "none".to_owned() } else { st.stale.join(", ") });
+                println!(
+                    "stale runs: {}",
+                    if st.stale.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        st.stale.join(", ")
+                    }
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -328,8 +367,12 @@ async fn runs_command(
                         format!("{}/{}", r.attempts, r.max_attempts),
                         r.processed_count,
                         r.failed_count,
-                        r.started_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
-                        r.finished_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
+                        r.started_at
+                            .map(|t| t.to_rfc3339())
+                            .unwrap_or_else(|| "-".into()),
+                        r.finished_at
+                            .map(|t| t.to_rfc3339())
+                            .unwrap_or_else(|| "-".into()),
                     );
                 }
             }
@@ -348,12 +391,20 @@ async fn runs_command(
                 println!("business date {}", run.business_date);
                 println!("status:       {}", run.status);
                 println!("attempts:     {}/{}", run.attempts, run.max_attempts);
-                println!("processed:    {} (failed {})", run.processed_count, run.failed_count);
+                println!(
+                    "processed:    {} (failed {})",
+                    run.processed_count, run.failed_count
+                );
                 println!("enqueued at:  {}", run.enqueued_at.to_rfc3339());
                 println!("next run at:  {}", run.next_run_at.to_rfc3339());
                 if let Some(o) = &run.lease_owner {
-                    println!("lease:        {o} token {} expires {}", run.lease_token.unwrap_or_default(),
-                        run.lease_expires_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()));
+                    println!(
+                        "lease:        {o} token {} expires {}",
+                        run.lease_token.unwrap_or_default(),
+                        run.lease_expires_at
+                            .map(|t| t.to_rfc3339())
+                            .unwrap_or_else(|| "-".into())
+                    );
                 }
                 if let Some(e) = &run.error_message {
                     println!("message:      {e}");

@@ -154,7 +154,10 @@ impl Config {
                 return Err(key_err(top, "unknown key (expected `jobs`)".into()));
             }
             let toml::Value::Table(job_tables) = value else {
-                return Err(key_err("jobs", "must be a table of [jobs.<name>] tables".into()));
+                return Err(key_err(
+                    "jobs",
+                    "must be a table of [jobs.<name>] tables".into(),
+                ));
             };
             for (name, job_value) in job_tables {
                 let path = format!("jobs.{name}");
@@ -292,12 +295,17 @@ mod tests {
 
     fn kinds() -> BTreeMap<JobName, JobConfig> {
         let mut m = BTreeMap::new();
-        m.insert(JobName::parse("daily-settlement").unwrap(), JobConfig::default());
+        m.insert(
+            JobName::parse("daily-settlement").unwrap(),
+            JobConfig::default(),
+        );
         m
     }
 
     fn err(text: &str) -> String {
-        Config::parse(text, "t.toml", &kinds()).unwrap_err().to_string()
+        Config::parse(text, "t.toml", &kinds())
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -329,15 +337,26 @@ on_lease_expiry = "hold"
 
     #[test]
     fn errors_name_the_key() {
-        assert!(err("[jobs.daily-settlement]\ncolour = 1").contains("`jobs.daily-settlement.colour`: unknown key"));
-        assert!(err("[jobs.daily-settlement]\ntimezone = \"Mars/Base\"").contains("`jobs.daily-settlement.timezone`: unknown time zone"));
-        assert!(err("[jobs.daily-settlement]\nlease_ttl = \"soon\"").contains("`jobs.daily-settlement.lease_ttl`: invalid duration"));
+        assert!(err("[jobs.daily-settlement]\ncolour = 1")
+            .contains("`jobs.daily-settlement.colour`: unknown key"));
+        assert!(err("[jobs.daily-settlement]\ntimezone = \"Mars/Base\"")
+            .contains("`jobs.daily-settlement.timezone`: unknown time zone"));
+        assert!(err("[jobs.daily-settlement]\nlease_ttl = \"soon\"")
+            .contains("`jobs.daily-settlement.lease_ttl`: invalid duration"));
         assert!(err("[jobs.daily-settlement]\nlease_ttl = 30").contains("expected a string"));
         assert!(err("[jobs.daily-settlement]\nmax_attempts = 0").contains("out of range"));
-        assert!(err("[jobs.daily-settlement]\nchunk_size = \"big\"").contains("expected an integer"));
-        assert!(err("[jobs.daily-settlement]\non_lease_expiry = \"pray\"").contains("unknown policy"));
-        assert!(err("[jobs.daily-settlement]\nlease_ttl = \"1h\"\nstale_after = \"1m\"").contains("stale_after"));
-        assert!(err("[jobs.nightly]\n").contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));
+        assert!(
+            err("[jobs.daily-settlement]\nchunk_size = \"big\"").contains("expected an integer")
+        );
+        assert!(
+            err("[jobs.daily-settlement]\non_lease_expiry = \"pray\"").contains("unknown policy")
+        );
+        assert!(
+            err("[jobs.daily-settlement]\nlease_ttl = \"1h\"\nstale_after = \"1m\"")
+                .contains("stale_after")
+        );
+        assert!(err("[jobs.nightly]\n")
+            .contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));
         assert!(err("[worker]\n").contains("`worker`: unknown key"));
         assert!(err("[jobs.daily-settlement\n").contains("t.toml: line 1"));
         // Every message is one line.

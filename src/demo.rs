@@ -89,7 +89,11 @@ pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> any
             println!(
                 "database: private PostgreSQL cluster in {} ({})",
                 home.join("pg").display(),
-                if c.started_here { "started" } else { "already running" }
+                if c.started_here {
+                    "started"
+                } else {
+                    "already running"
+                }
             );
             let u = c.url("postgres");
             cluster = Some(c);
@@ -141,9 +145,15 @@ async fn run_on(
         let name = job.name();
         let cfg = demo_cfg.job(&name).cloned().unwrap_or_default();
         let today = now.with_timezone(&cfg.timezone).date_naive();
-        let dates: Vec<_> = (1..=3u64).rev().filter_map(|d| today.checked_sub_days(Days::new(d))).collect();
+        let dates: Vec<_> = (1..=3u64)
+            .rev()
+            .filter_map(|d| today.checked_sub_days(Days::new(d)))
+            .collect();
         let seeded = demo.seed(&pool, &cfg, &dates).await?;
-        println!("seeded {name}: {seeded} (time zone {})", cfg.timezone.name());
+        println!(
+            "seeded {name}: {seeded} (time zone {})",
+            cfg.timezone.name()
+        );
         for d in dates {
             runs.push(NewRun {
                 key: JobKey::daily(&name, d),
@@ -178,7 +188,15 @@ async fn run_on(
         let child = Command::new(&exe)
             .arg("--config")
             .arg(&cfg_path)
-            .args(["--log-format", "json", "worker", "--concurrency", "1", "--grace", "5s"])
+            .args([
+                "--log-format",
+                "json",
+                "worker",
+                "--concurrency",
+                "1",
+                "--grace",
+                "5s",
+            ])
             .args(["--poll-interval", "500ms", "--worker-id", &id])
             .env("DATABASE_URL", &url)
             .env("RUST_LOG", "info")
@@ -188,7 +206,11 @@ async fn run_on(
             .kill_on_drop(true)
             .spawn()
             .context("cannot start a worker process")?;
-        println!("started {id} (pid {}), log {}", child.id().unwrap_or(0), log.display());
+        println!(
+            "started {id} (pid {}), log {}",
+            child.id().unwrap_or(0),
+            log.display()
+        );
         workers.push((id, Some(child)));
     }
 
@@ -202,7 +224,10 @@ async fn run_on(
         }
         let all = queue::list_runs(&pool, None, None, 1000).await?;
         if killed.is_none() {
-            if let Some(r) = all.iter().find(|r| r.status == "RUNNING" && r.processed_count >= 50) {
+            if let Some(r) = all
+                .iter()
+                .find(|r| r.status == "RUNNING" && r.processed_count >= 50)
+            {
                 let owner = r.lease_owner.clone().unwrap_or_default();
                 if let Some((_, slot)) = workers.iter_mut().find(|(id, _)| *id == owner) {
                     if let Some(mut child) = slot.take() {
@@ -226,8 +251,13 @@ async fn run_on(
                 }
             }
         }
-        let ours = all.iter().filter(|r| runs.iter().any(|n| n.key.as_str() == r.job_key));
-        if ours.clone().all(|r| RunStatus::parse(&r.status).is_some_and(RunStatus::is_terminal)) {
+        let ours = all
+            .iter()
+            .filter(|r| runs.iter().any(|n| n.key.as_str() == r.job_key));
+        if ours
+            .clone()
+            .all(|r| RunStatus::parse(&r.status).is_some_and(RunStatus::is_terminal))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -260,7 +290,9 @@ async fn run_on(
         "KEY", "STATUS", "ATTEMPTS", "ITEMS", "DUPS"
     );
     for run in &runs {
-        let job = registry.get(&run.job).and_then(|j| j.demo().map(|d| (j, d)));
+        let job = registry
+            .get(&run.job)
+            .and_then(|j| j.demo().map(|d| (j, d)));
         let Some((_, demo)) = job else { continue };
         let cfg = demo_cfg.job(&run.job).cloned().unwrap_or_default();
         let (view, attempts) = queue::show_run(&pool, &run.key)
@@ -302,9 +334,12 @@ async fn run_on(
     println!();
     println!(
         "demo {} in {:.1}s",
-        if ok { "passed: every key ran exactly once, nothing lost" } else { "FAILED" },
+        if ok {
+            "passed: every key ran exactly once, nothing lost"
+        } else {
+            "FAILED"
+        },
         started.elapsed().as_secs_f64()
     );
     Ok(ok)
 }
-

@@ -68,7 +68,10 @@ pub fn find_bindir() -> Result<PathBuf, EmbeddedError> {
         })
         .collect();
     found.sort();
-    found.pop().map(|(_, b)| b).ok_or(EmbeddedError::NotInstalled)
+    found
+        .pop()
+        .map(|(_, b)| b)
+        .ok_or(EmbeddedError::NotInstalled)
 }
 
 impl Cluster {
@@ -109,9 +112,7 @@ impl Cluster {
         };
         let data = dir.join("data");
         let socket_dir = socket_dir_for(&dir);
-        for d in [&socket_dir] {
-            fs::create_dir_all(d).map_err(io(d))?;
-        }
+        fs::create_dir_all(&socket_dir).map_err(io(&socket_dir))?;
         let mut cluster = Self {
             bindir,
             data,
@@ -121,11 +122,10 @@ impl Cluster {
         };
         if let Some(u) = &cluster.run_as {
             for d in [&dir, &cluster.socket_dir] {
-                nix::unistd::chown(d, Some(u.uid), Some(u.gid))
-                    .map_err(|e| EmbeddedError::Io {
-                        path: d.clone(),
-                        source: e.into(),
-                    })?;
+                nix::unistd::chown(d, Some(u.uid), Some(u.gid)).map_err(|e| EmbeddedError::Io {
+                    path: d.clone(),
+                    source: e.into(),
+                })?;
             }
         }
         if !cluster.data.join("PG_VERSION").exists() {
@@ -183,7 +183,9 @@ impl Cluster {
     fn is_running(&self) -> bool {
         self.data.join("postmaster.pid").exists()
             && self
-                .pg(&self.data, "pg_ctl", |c| c.arg("status").arg("-D").arg(&self.data))
+                .pg(&self.data, "pg_ctl", |c| {
+                    c.arg("status").arg("-D").arg(&self.data)
+                })
                 .map(|o| o.status.success())
                 .unwrap_or(false)
     }
@@ -191,7 +193,10 @@ impl Cluster {
     /// Stops the cluster (fast shutdown); its data stays for the next run.
     pub fn stop(&self) -> Result<(), EmbeddedError> {
         let out = self.pg(&self.data, "pg_ctl", |c| {
-            c.arg("stop").args(["-m", "fast", "-w"]).arg("-D").arg(&self.data)
+            c.arg("stop")
+                .args(["-m", "fast", "-w"])
+                .arg("-D")
+                .arg(&self.data)
         })?;
         check("pg_ctl stop", out)
     }
@@ -234,7 +239,8 @@ fn socket_dir_for(dir: &Path) -> PathBuf {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
     let p = PathBuf::from(format!("/tmp/batchonce-sock-{:x}", h.finish()));
-    let _ = fs::create_dir_all(&p).and_then(|_| fs::set_permissions(&p, fs::Permissions::from_mode(0o755)));
+    let _ = fs::create_dir_all(&p)
+        .and_then(|_| fs::set_permissions(&p, fs::Permissions::from_mode(0o755)));
     p
 }
 
@@ -247,8 +253,7 @@ fn check(what: &str, out: Output) -> Result<(), EmbeddedError> {
         .lines()
         .chain(String::from_utf8_lossy(&out.stdout).lines())
         .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .last()
+        .rfind(|l| !l.is_empty())
         .unwrap_or("no output")
         .to_owned();
     Err(EmbeddedError::Command {

@@ -115,7 +115,16 @@ mod tests {
     fn job_names() {
         assert!(JobName::parse("daily-settlement").is_ok());
         assert!(JobName::parse("a1").is_ok());
-        for bad in ["", "Daily", "a--b", "-a", "a-", "a_b", "a:b", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "Daily",
+            "a--b",
+            "-a",
+            "a-",
+            "a_b",
+            "a:b",
+            &"x".repeat(65),
+        ] {
             assert!(JobName::parse(bad).is_err(), "{bad:?}");
         }
     }
@@ -150,7 +159,14 @@ mod tests {
     #[test]
     fn dates() {
         assert!(parse_date("2026-09-15").is_ok());
-        for bad in ["2026-9-15", "2026-02-30", "15-09-2026", "2026-09-15T00:00", "", "tomorrow"] {
+        for bad in [
+            "2026-9-15",
+            "2026-02-30",
+            "15-09-2026",
+            "2026-09-15T00:00",
+            "",
+            "tomorrow",
+        ] {
             assert!(parse_date(bad).is_err(), "{bad:?}");
         }
     }

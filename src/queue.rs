@@ -541,12 +541,19 @@ impl FencedTx {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finish {
     Succeeded,
-    Skipped { reason: String },
+    Skipped {
+        reason: String,
+    },
     /// A retryable failure: PENDING again after `delay`, or FAILED when the
     /// attempts are used up.
-    Retry { error: String, delay: Duration },
+    Retry {
+        error: String,
+        delay: Duration,
+    },
     /// A fatal failure: FAILED now.
-    Fatal { error: String },
+    Fatal {
+        error: String,
+    },
     /// Graceful shutdown: back to PENDING now with a new token.
     Release,
 }

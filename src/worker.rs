@@ -374,9 +374,7 @@ fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
 
 async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
     for attempt in 0..3 {
-        match queue::finish(&shared.pool, &lease.fence(), &Finish::Release, shared.clock)
-            .await
-        {
+        match queue::finish(&shared.pool, &lease.fence(), &Finish::Release, shared.clock).await {
             Ok(_) => {
                 info!(job_key = %lease.key, attempt = lease.attempt, processed = counts.processed,
                       outcome = "released", "lease released for another worker");

@@ -225,10 +225,18 @@ pub async fn verify(pool: &PgPool, tz: Tz, date: NaiveDate) -> Result<Verificati
     .fetch_one(pool)
     .await?;
     let get = |c: &str| row.try_get::<i64, _>(c);
-    let (src_n, src_sum, item_n, item_sum) =
-        (get("src_n")?, get("src_sum")?, get("item_n")?, get("item_sum")?);
-    let (dups, wrong_day, sum_n, sum_total) =
-        (get("dups")?, get("wrong_day")?, get("sum_n")?, get("sum_total")?);
+    let (src_n, src_sum, item_n, item_sum) = (
+        get("src_n")?,
+        get("src_sum")?,
+        get("item_n")?,
+        get("item_sum")?,
+    );
+    let (dups, wrong_day, sum_n, sum_total) = (
+        get("dups")?,
+        get("wrong_day")?,
+        get("sum_n")?,
+        get("sum_total")?,
+    );
     let ok = src_n == item_n
         && src_sum == item_sum
         && dups == 0

@@ -1,0 +1,651 @@
+//! Queue protocol tests against real PostgreSQL, each in its own database:
+//! dedupe, claim exclusivity, fencing, retry timing, max_attempts, lease expiry.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use batchonce::queue::{self, ClaimSpec, Fence, Finish, HeldLease, NewRun, QueueError, RunStatus};
+use batchonce::testing::TestDb;
+use batchonce::{Clock, JobKey, JobName};
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::PgPool;
+
+fn job() -> JobName {
+    JobName::parse("test-job").unwrap()
+}
+
+fn run(day: u32, max_attempts: u32) -> NewRun {
+    let date = NaiveDate::from_ymd_opt(2026, 1, 1).unwrap() + chrono::Days::new(day as u64);
+    NewRun {
+        key: JobKey::daily(&job(), date),
+        job: job(),
+        business_date: date,
+        max_attempts,
+        payload: serde_json::json!({}),
+    }
+}
+
+fn spec(ttl: Duration) -> Vec<ClaimSpec> {
+    vec![ClaimSpec {
+        job: job(),
+        lease_ttl: ttl,
+    }]
+}
+
+async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn status_of(pool: &PgPool, key: &JobKey) -> (String, i32, Option<i64>) {
+    let row: (String, i32, Option<i64>) = sqlx::query_as(
+        "SELECT status, attempts, lease_token FROM batch_job_run WHERE job_key = $1",
+    )
+    .bind(key.as_str())
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    row
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dedupe_under_concurrency() {
+    let db = TestDb::new(&[]).await;
+    let runs: Vec<NewRun> = (0..1000).map(|d| run(d, 3)).collect();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let pool = db.pool.clone();
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(async move {
+            queue::enqueue(&pool, &runs, Clock::Db).await.unwrap()
+        }));
+    }
+    let mut enqueued = 0;
+    let mut duplicates = 0;
+    let mut seen = HashSet::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        enqueued += r.enqueued.len();
+        duplicates += r.duplicates.len();
+        for k in r.enqueued {
+            assert!(seen.insert(k), "a key was reported enqueued twice");
+        }
+    }
+    assert_eq!(enqueued, 1000);
+    assert_eq!(duplicates, 15 * 1000);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1000);
+}
+
+#[tokio::test]
+async fn enqueue_reports_repeats_within_one_call() {
+    let db = TestDb::new(&[]).await;
+    let r = queue::enqueue(&db.pool, &[run(1, 3), run(1, 3), run(2, 3)], Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(r.enqueued.len(), 2);
+    assert_eq!(r.duplicates, vec![run(1, 3).key]);
+}
+
+#[tokio::test]
+async fn enqueue_rejects_oversized_payload_and_foreign_keys() {
+    let db = TestDb::new(&[]).await;
+    let mut big = run(1, 3);
+    big.payload = serde_json::json!({ "x": "y".repeat(70_000) });
+    assert!(matches!(
+        queue::enqueue(&db.pool, &[big], Clock::Db).await,
+        Err(QueueError::Invalid(m)) if m.contains("limit")
+    ));
+    let mut foreign = run(2, 3);
+    foreign.job = JobName::parse("other").unwrap();
+    assert!(queue::enqueue(&db.pool, &[foreign], Clock::Db)
+        .await
+        .is_err());
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "nothing is written when a batch is rejected");
+}
+
+#[tokio::test]
+async fn schema_checks_reject_bad_rows_by_name() {
+    let db = TestDb::new(&[]).await;
+    let cases = [
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
+          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, 'DONE')",
+         "batch_job_run_status_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
+          VALUES ('Test Job:2026-01-01', 'test-job', '2026-01-01', 3)",
+         "batch_job_run_job_key_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
+          VALUES ('other:2026-01-01', 'test-job', '2026-01-01', 3)",
+         "batch_job_run_job_key_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, error_message) \
+          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, repeat('x', 1001))",
+         "batch_job_run_error_message_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
+          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, 'RUNNING')",
+         "batch_job_run_lease_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, payload) \
+          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, \
+                  jsonb_build_object('x', repeat('y', 70000)))",
+         "batch_job_run_payload_check"),
+    ];
+    for (sql, constraint) in cases {
+        let err = sqlx::query(sql).execute(&db.pool).await.unwrap_err();
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.constraint(), Some(constraint), "{sql}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_are_exclusive() {
+    let db = TestDb::new(&[]).await;
+    let runs: Vec<NewRun> = (0..300).map(|d| run(d, 3)).collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..12 {
+        let pool = db.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let leases = queue::claim(
+                    &pool,
+                    &format!("w{w}"),
+                    &spec(Duration::from_secs(60)),
+                    7,
+                    Clock::Db,
+                )
+                .await
+                .unwrap();
+                if leases.is_empty() {
+                    break;
+                }
+                got.extend(leases);
+            }
+            got
+        }));
+    }
+    let mut keys = HashSet::new();
+    let mut tokens = HashSet::new();
+    for t in tasks {
+        for lease in t.await.unwrap() {
+            assert!(keys.insert(lease.key.clone()), "{} leased twice", lease.key);
+            assert!(tokens.insert(lease.token), "token {} reused", lease.token);
+            assert_eq!(lease.attempt, 1);
+        }
+    }
+    assert_eq!(keys.len(), 300);
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_attempt")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 300, "one attempt row per claim");
+}
+
+#[tokio::test]
+async fn claim_only_takes_named_jobs_and_due_runs() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(1, 3)], Clock::Db)
+        .await
+        .unwrap();
+    let other = vec![ClaimSpec {
+        job: JobName::parse("other").unwrap(),
+        lease_ttl: Duration::from_secs(5),
+    }];
+    assert!(queue::claim(&db.pool, "w", &other, 5, Clock::Db)
+        .await
+        .unwrap()
+        .is_empty());
+    // Enqueued "in the future" by a fixed clock: not due yet by the DB clock.
+    let later = db_now(&db.pool).await + chrono::Duration::hours(1);
+    queue::enqueue(&db.pool, &[run(2, 3)], Clock::At(later))
+        .await
+        .unwrap();
+    let got = queue::claim(&db.pool, "w", &spec(Duration::from_secs(5)), 5, Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key, run(1, 3).key);
+}
+
+#[tokio::test]
+async fn a_stale_token_cannot_heartbeat_write_or_finish() {
+    let db = TestDb::new(&[]).await;
+    let r = run(1, 5);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let old = queue::claim(&db.pool, "zombie", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+
+    // While a fenced transaction is open, the row cannot be taken over.
+    let mut tx = queue::begin_fenced(&db.pool, &old.fence(), ttl, Clock::Db)
+        .await
+        .unwrap();
+    let future = db_now(&db.pool).await + chrono::Duration::minutes(5);
+    let recovered = queue::recover_expired(&db.pool, &[job()], Clock::At(future))
+        .await
+        .unwrap();
+    assert!(
+        recovered.is_empty(),
+        "takeover skipped a row under a fenced transaction"
+    );
+    tx.add_progress(1, 0);
+    tx.commit().await.unwrap();
+
+    // The lease expires (simulated clock) and the run is recovered with a new token.
+    let recovered = queue::recover_expired(&db.pool, &[job()], Clock::At(future))
+        .await
+        .unwrap();
+    assert_eq!(recovered.len(), 1);
+    assert_eq!(recovered[0].status, RunStatus::Pending);
+    let new = queue::claim(&db.pool, "fresh", &spec(ttl), 1, Clock::At(future))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_ne!(new.token, old.token);
+    assert_eq!(new.attempt, 2);
+
+    let hb = queue::heartbeat(
+        &db.pool,
+        &[HeldLease {
+            fence: old.fence(),
+            lease_ttl: ttl,
+        }],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(hb.lost, vec![r.key.clone()]);
+    assert!(matches!(
+        queue::begin_fenced(&db.pool, &old.fence(), ttl, Clock::Db).await,
+        Err(QueueError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        queue::finish(&db.pool, &old.fence(), &Finish::Succeeded, Clock::Db).await,
+        Err(QueueError::LeaseLost(_))
+    ));
+    let (status, attempts, token) = status_of(&db.pool, &r.key).await;
+    assert_eq!(
+        (status.as_str(), attempts, token),
+        ("RUNNING", 2, Some(new.token))
+    );
+
+    // The new holder can do all three.
+    let hb = queue::heartbeat(
+        &db.pool,
+        &[HeldLease {
+            fence: new.fence(),
+            lease_ttl: ttl,
+        }],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(hb.extended, vec![r.key.clone()]);
+    let tx = queue::begin_fenced(&db.pool, &new.fence(), ttl, Clock::Db)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        queue::finish(&db.pool, &new.fence(), &Finish::Succeeded, Clock::Db)
+            .await
+            .unwrap(),
+        RunStatus::Succeeded
+    );
+    let processed: i64 = sqlx::query_scalar("SELECT processed_count FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(processed, 1);
+}
+
+#[tokio::test]
+async fn an_expired_lease_cannot_open_a_fence() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(1, 5)], Clock::Db)
+        .await
+        .unwrap();
+    let lease = queue::claim(&db.pool, "w", &spec(Duration::from_secs(1)), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    let later = db_now(&db.pool).await + chrono::Duration::seconds(2);
+    assert!(matches!(
+        queue::begin_fenced(
+            &db.pool,
+            &lease.fence(),
+            Duration::from_secs(1),
+            Clock::At(later)
+        )
+        .await,
+        Err(QueueError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test]
+async fn heartbeat_does_not_wait_behind_the_holders_chunk() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(1, 5), run(2, 5)], Clock::Db)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let leases = queue::claim(&db.pool, "w", &spec(ttl), 2, Clock::Db)
+        .await
+        .unwrap();
+    let tx = queue::begin_fenced(&db.pool, &leases[0].fence(), ttl, Clock::Db)
+        .await
+        .unwrap();
+    let held: Vec<HeldLease> = leases
+        .iter()
+        .map(|l| HeldLease {
+            fence: l.fence(),
+            lease_ttl: ttl,
+        })
+        .collect();
+    let hb = tokio::time::timeout(
+        Duration::from_secs(5),
+        queue::heartbeat(&db.pool, &held, Clock::Db),
+    )
+    .await
+    .expect("heartbeat must not block")
+    .unwrap();
+    assert_eq!(hb.busy, vec![leases[0].key.clone()]);
+    assert_eq!(hb.extended, vec![leases[1].key.clone()]);
+    assert!(hb.lost.is_empty());
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test]
+async fn retry_waits_for_backoff_on_the_database_clock() {
+    let db = TestDb::new(&[]).await;
+    let r = run(1, 3);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let lease = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    let before = db_now(&db.pool).await;
+    let st = queue::finish(
+        &db.pool,
+        &lease.fence(),
+        &Finish::Retry {
+            error: "timeout".into(),
+            delay: Duration::from_secs(10),
+        },
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(st, RunStatus::Pending);
+    let next: DateTime<Utc> = sqlx::query_scalar("SELECT next_run_at FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let delay = (next - before).num_milliseconds();
+    assert!(
+        (9_000..=11_000).contains(&delay),
+        "next_run_at is {delay}ms after now"
+    );
+    assert!(
+        queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 1, Clock::Db)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not claimable before its backoff"
+    );
+    let at = next + chrono::Duration::milliseconds(1);
+    let again = queue::claim(
+        &db.pool,
+        "w",
+        &spec(Duration::from_secs(30)),
+        1,
+        Clock::At(at),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempt, 2);
+    let outcomes: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT outcome FROM batch_job_attempt ORDER BY attempt")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, vec![Some("retried".into()), None]);
+}
+
+#[tokio::test]
+async fn attempts_exhausted_fail_the_run() {
+    let db = TestDb::new(&[]).await;
+    let r = run(1, 2);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let mut at = db_now(&db.pool).await;
+    let mut last = RunStatus::Pending;
+    for _ in 0..2 {
+        let lease = queue::claim(
+            &db.pool,
+            "w",
+            &spec(Duration::from_secs(30)),
+            1,
+            Clock::At(at),
+        )
+        .await
+        .unwrap()
+        .remove(0);
+        last = queue::finish(
+            &db.pool,
+            &lease.fence(),
+            &Finish::Retry {
+                error: "x".repeat(1500),
+                delay: Duration::from_secs(1),
+            },
+            Clock::At(at),
+        )
+        .await
+        .unwrap();
+        at += chrono::Duration::seconds(2);
+    }
+    assert_eq!(last, RunStatus::Failed);
+    assert!(queue::claim(
+        &db.pool,
+        "w",
+        &spec(Duration::from_secs(30)),
+        1,
+        Clock::At(at)
+    )
+    .await
+    .unwrap()
+    .is_empty());
+    let (msg, finished): (String, Option<DateTime<Utc>>) =
+        sqlx::query_as("SELECT error_message, finished_at FROM batch_job_run")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        msg.chars().count(),
+        1000,
+        "error truncated to the stored limit"
+    );
+    assert!(finished.is_some());
+    let outcomes: Vec<String> =
+        sqlx::query_scalar("SELECT outcome FROM batch_job_attempt ORDER BY attempt")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, vec!["retried", "failed"]);
+}
+
+#[tokio::test]
+async fn fatal_errors_fail_at_once_and_success_clears_nothing_else() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(1, 5), run(2, 5)], Clock::Db)
+        .await
+        .unwrap();
+    let leases = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 2, Clock::Db)
+        .await
+        .unwrap();
+    let st = queue::finish(
+        &db.pool,
+        &leases[0].fence(),
+        &Finish::Fatal {
+            error: "bad data".into(),
+        },
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(st, RunStatus::Failed);
+    let st = queue::finish(
+        &db.pool,
+        &leases[1].fence(),
+        &Finish::Skipped {
+            reason: "holiday".into(),
+        },
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(st, RunStatus::Skipped);
+    // Finishing twice is refused: the run is no longer RUNNING.
+    assert!(matches!(
+        queue::finish(&db.pool, &leases[0].fence(), &Finish::Succeeded, Clock::Db).await,
+        Err(QueueError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test]
+async fn lease_expiry_returns_the_run_with_a_new_token() {
+    let db = TestDb::new(&[]).await;
+    let r = run(1, 2);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let first = queue::claim(&db.pool, "dead", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        queue::recover_expired(&db.pool, &[job()], Clock::Db)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a live lease is not recovered"
+    );
+    let t1 = db_now(&db.pool).await + chrono::Duration::seconds(3);
+    let rec = queue::recover_expired(&db.pool, &[job()], Clock::At(t1))
+        .await
+        .unwrap();
+    assert_eq!(rec.len(), 1);
+    assert_eq!(rec[0].previous_owner.as_deref(), Some("dead"));
+    let (status, attempts, token) = status_of(&db.pool, &r.key).await;
+    assert_eq!(status, "PENDING");
+    assert_eq!(attempts, 1, "the expired lease counted as an attempt");
+    assert_ne!(token, Some(first.token), "the token was bumped");
+    let outcome: String =
+        sqlx::query_scalar("SELECT outcome FROM batch_job_attempt WHERE attempt = 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcome, "lease_expired");
+
+    // The second (last) attempt also expires: FAILED, not PENDING again.
+    let second = queue::claim(&db.pool, "dead2", &spec(ttl), 1, Clock::At(t1))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(second.attempt, 2);
+    let t2 = t1 + chrono::Duration::seconds(3);
+    let rec = queue::recover_expired(&db.pool, &[job()], Clock::At(t2))
+        .await
+        .unwrap();
+    assert_eq!(rec[0].status, RunStatus::Failed);
+    // Jobs under policy hold are never recovered automatically.
+    queue::enqueue(&db.pool, &[run(5, 2)], Clock::Db)
+        .await
+        .unwrap();
+    queue::claim(&db.pool, "w", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap();
+    assert!(
+        queue::recover_expired(&db.pool, &[], Clock::At(t2 + chrono::Duration::hours(1)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn release_returns_the_run_at_once_and_fences_the_old_token() {
+    let db = TestDb::new(&[]).await;
+    let r = run(1, 3);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease = queue::claim(&db.pool, "w", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        queue::finish(&db.pool, &lease.fence(), &Finish::Release, Clock::Db)
+            .await
+            .unwrap(),
+        RunStatus::Pending
+    );
+    assert!(matches!(
+        queue::begin_fenced(&db.pool, &lease.fence(), ttl, Clock::Db).await,
+        Err(QueueError::LeaseLost(_))
+    ));
+    let again = queue::claim(&db.pool, "w2", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "released runs are due at once");
+    let fence = Fence {
+        key: r.key.clone(),
+        token: lease.token,
+    };
+    assert!(
+        queue::finish(&db.pool, &fence, &Finish::Succeeded, Clock::Db)
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn status_counts_and_stale_runs() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(1, 3), run(2, 3)], Clock::Db)
+        .await
+        .unwrap();
+    queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 1, Clock::Db)
+        .await
+        .unwrap();
+    let later = db_now(&db.pool).await + chrono::Duration::minutes(30);
+    let st = queue::status(
+        &db.pool,
+        &[(job(), Duration::from_secs(20 * 60))],
+        Clock::At(later),
+    )
+    .await
+    .unwrap();
+    assert_eq!(st.stale.len(), 1);
+    assert_eq!(st.expired_leases, 1);
+    assert!(st.oldest_pending_seconds.unwrap() >= 1799.0);
+    let total: i64 = st.counts.iter().map(|c| c.runs).sum();
+    assert_eq!(total, 2);
+}

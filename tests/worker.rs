@@ -1,0 +1,365 @@
+//! Worker runtime tests, in process against real PostgreSQL: concurrency,
+//! retries, panics, lease loss cancelling the handler, graceful shutdown.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use batchonce::config::Config;
+use batchonce::queue::{self, NewRun};
+use batchonce::testing::TestDb;
+use batchonce::worker::{self, Shutdown, WorkerOptions};
+use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
+use chrono::NaiveDate;
+use sqlx::PgPool;
+
+/// Writes `items` rows into `test_item`, `chunk_size` per fenced transaction.
+/// The payload steers it: `fail_first` (retryable error on attempt 1),
+/// `panic_first`, `fatal`, `pause_ms` between chunks.
+struct TestJob;
+
+#[async_trait]
+impl Job for TestJob {
+    fn name(&self) -> JobName {
+        JobName::parse("test-job").unwrap()
+    }
+
+    fn default_config(&self) -> JobConfig {
+        JobConfig {
+            lease_ttl: Duration::from_secs(2),
+            chunk_size: 5,
+            backoff: Duration::from_millis(200),
+            backoff_max: Duration::from_millis(400),
+            ..JobConfig::default()
+        }
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        let p = &ctx.payload;
+        let items = p["items"].as_i64().unwrap_or(20);
+        let pause = Duration::from_millis(p["pause_ms"].as_u64().unwrap_or(0));
+        if p["fatal"].as_bool() == Some(true) {
+            return Err(JobError::Fatal("bad source data".into()));
+        }
+        if ctx.attempt == 1 && p["panic_first"].as_bool() == Some(true) {
+            panic!("handler bug");
+        }
+        let mut n = 0;
+        while n < items {
+            ctx.pause(pause).await?;
+            let mut tx = ctx.fenced().await?;
+            let end = (n + ctx.config.chunk_size as i64).min(items);
+            let written = sqlx::query(
+                "INSERT INTO test_item (job_key, n, token) SELECT $1, g, $2 FROM generate_series($3, $4) g \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(ctx.key.as_str())
+            .bind(ctx.lease_token)
+            .bind(n)
+            .bind(end - 1)
+            .execute(tx.conn())
+            .await?
+            .rows_affected();
+            tx.add_progress(written as i64, 0);
+            ctx.commit(tx).await?;
+            n = end;
+            if ctx.attempt == 1 && p["fail_first"].as_bool() == Some(true) && n >= items / 2 {
+                return Err(JobError::Retryable("flaky upstream".into()));
+            }
+        }
+        Ok(Outcome::Succeeded)
+    }
+}
+
+fn registry() -> Registry {
+    Registry::new().register(TestJob)
+}
+
+async fn setup() -> TestDb {
+    let db = TestDb::new(&[]).await;
+    sqlx::query(
+        "CREATE TABLE test_item (job_key text NOT NULL, n bigint NOT NULL, token bigint NOT NULL, \
+         created_at timestamptz NOT NULL DEFAULT clock_timestamp(), UNIQUE (job_key, n))",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    db
+}
+
+fn new_run(day: u64, payload: serde_json::Value) -> NewRun {
+    let job = JobName::parse("test-job").unwrap();
+    let date = NaiveDate::from_ymd_opt(2026, 3, 1).unwrap() + chrono::Days::new(day);
+    NewRun {
+        key: JobKey::daily(&job, date),
+        job,
+        business_date: date,
+        max_attempts: 3,
+        payload,
+    }
+}
+
+struct Running {
+    signals: Shutdown,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+fn start(db: &TestDb, id: &str, concurrency: u32, grace: Duration) -> Running {
+    let reg = registry();
+    let config = Config::defaults(&reg.default_configs());
+    let mut opts = WorkerOptions::new(id);
+    opts.concurrency = concurrency;
+    opts.poll_interval = Duration::from_millis(200);
+    opts.grace = grace;
+    let signals = Shutdown::default();
+    let handle = tokio::spawn(worker::run(
+        reg,
+        config,
+        db.pool.clone(),
+        db.pool.clone(),
+        opts,
+        signals.clone(),
+    ));
+    Running { signals, handle }
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_everything_once_with_concurrency_and_stops_on_shutdown() {
+    let db = setup().await;
+    let w = start(&db, "w1", 3, Duration::from_secs(5));
+    let runs: Vec<NewRun> = (0..10)
+        .map(|d| new_run(d, serde_json::json!({"items": 23})))
+        .collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    wait_until("all runs succeeded", Duration::from_secs(30), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 10
+    })
+    .await;
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM test_item").await, 230);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT sum(processed_count)::bigint FROM batch_job_run"
+        )
+        .await,
+        230
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT sum(processed_count)::bigint FROM batch_job_attempt"
+        )
+        .await,
+        230
+    );
+    w.signals.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), w.handle)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retryable_errors_and_panics_retry_and_fatal_fails() {
+    let db = setup().await;
+    let w = start(&db, "w1", 3, Duration::from_secs(5));
+    let flaky = new_run(1, serde_json::json!({"items": 20, "fail_first": true}));
+    let panicky = new_run(2, serde_json::json!({"items": 20, "panic_first": true}));
+    let fatal = new_run(3, serde_json::json!({"fatal": true}));
+    queue::enqueue(
+        &db.pool,
+        &[flaky.clone(), panicky.clone(), fatal.clone()],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    wait_until("all runs finished", Duration::from_secs(30), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status IN ('SUCCEEDED', 'FAILED')",
+        )
+        .await
+            == 3
+    })
+    .await;
+    for (r, status, attempts) in [
+        (&flaky, "SUCCEEDED", 2),
+        (&panicky, "SUCCEEDED", 2),
+        (&fatal, "FAILED", 1),
+    ] {
+        let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
+        assert_eq!(
+            (view.status.as_str(), view.attempts),
+            (status, attempts),
+            "{}",
+            r.key
+        );
+        if status == "SUCCEEDED" {
+            assert_eq!(
+                view.processed_count, 20,
+                "a retry resumes without double counting"
+            );
+            assert_eq!(hist[0].outcome.as_deref(), Some("retried"));
+        } else {
+            assert_eq!(hist[0].outcome.as_deref(), Some("fatal"));
+            assert_eq!(view.error_message.as_deref(), Some("bad source data"));
+        }
+    }
+    let items: i64 = sqlx::query_scalar("SELECT count(*) FROM test_item WHERE job_key = $1")
+        .bind(flaky.key.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(items, 20);
+    w.signals.shutdown.cancel();
+    w.handle.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_cancels_the_handler_and_its_writes_stop() {
+    let db = setup().await;
+    let r = new_run(1, serde_json::json!({"items": 400, "pause_ms": 100}));
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let w = start(&db, "w1", 1, Duration::from_secs(5));
+    wait_until("the run is under way", Duration::from_secs(20), || async {
+        count(&db.pool, "SELECT count(*) FROM test_item").await >= 10
+    })
+    .await;
+    let old_token: i64 = sqlx::query_scalar("SELECT lease_token FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // A takeover as another process's recovery would do it, with a clock a
+    // little past the lease's end (ttl 2s); a chunk in flight is skipped, so retry.
+    let mut taken = Vec::new();
+    for _ in 0..100 {
+        let db_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let soon = db_now + chrono::Duration::seconds(3);
+        taken = queue::recover_expired(
+            &db.pool,
+            &[JobName::parse("test-job").unwrap()],
+            Clock::At(soon),
+        )
+        .await
+        .unwrap();
+        if !taken.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(taken.len(), 1);
+    let taken_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // The worker reclaims it as attempt 2 and finishes; nothing of attempt 1
+    // commits after the takeover.
+    wait_until("the run succeeded", Duration::from_secs(60), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    let late: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM test_item WHERE token = $1 AND created_at > $2")
+            .bind(old_token)
+            .bind(taken_at)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(late, 0, "the old lease holder wrote after losing its lease");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM test_item").await, 400);
+    let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
+    assert_eq!(view.attempts, 2);
+    assert_eq!(hist[0].outcome.as_deref(), Some("lease_expired"));
+    w.signals.shutdown.cancel();
+    w.handle.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graceful_shutdown_releases_the_lease_at_a_chunk_boundary() {
+    let db = setup().await;
+    let r = new_run(1, serde_json::json!({"items": 1000, "pause_ms": 50}));
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let w = start(&db, "w1", 1, Duration::from_secs(10));
+    wait_until("the run is under way", Duration::from_secs(20), || async {
+        count(&db.pool, "SELECT count(*) FROM test_item").await >= 10
+    })
+    .await;
+    let t = Instant::now();
+    w.signals.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), w.handle)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "stopped at the next chunk boundary"
+    );
+    let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
+    assert_eq!(view.status, "PENDING");
+    assert!(view.lease_expires_at.is_none());
+    assert_eq!(hist[0].outcome.as_deref(), Some("released"));
+    let items = count(&db.pool, "SELECT count(*) FROM test_item").await;
+    assert_eq!(view.processed_count, items, "counters match what committed");
+    assert!(items < 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abort_after_grace_abandons_the_chunk_and_releases() {
+    let db = setup().await;
+    // One chunk that takes far longer than the grace period.
+    let r = new_run(1, serde_json::json!({"items": 10, "pause_ms": 60000}));
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    let w = start(&db, "w1", 1, Duration::from_millis(300));
+    wait_until("the run is leased", Duration::from_secs(20), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'RUNNING'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    // The handler sleeps through the pause with cancellation, so shutdown
+    // interrupts it; either way the lease must come back.
+    w.signals.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), w.handle)
+        .await
+        .unwrap()
+        .unwrap();
+    let (view, _) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
+    assert_eq!(view.status, "PENDING");
+}

@@ -1,0 +1,525 @@
+//! End-to-end tests with the built `batchonce` binary as real processes against
+//! real PostgreSQL (a database per test): racing enqueues, two workers on one
+//! run, SIGKILL of the lease holder, SIGTERM, and bad input for every argument.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use batchonce::testing::TestDb;
+use batchonce_workers::settlement;
+use chrono::NaiveDate;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sqlx::PgPool;
+
+const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+const KEY: &str = "daily-settlement:2026-09-15";
+
+fn date() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2026, 9, 15).unwrap()
+}
+
+async fn db() -> TestDb {
+    TestDb::new(&[&settlement::MIGRATIONS]).await
+}
+
+/// A folder for this test's config and logs.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Small paced chunks and a short lease, so tests can act mid-run.
+fn write_config(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("batchonce.toml");
+    std::fs::write(
+        &path,
+        r#"
+[jobs.daily-settlement]
+timezone = "Asia/Seoul"
+max_attempts = 3
+lease_ttl = "2s"
+stale_after = "1m"
+chunk_size = 20
+chunk_pause = "30ms"
+backoff = "1s"
+"#,
+    )
+    .unwrap();
+    path
+}
+
+/// Orders paid on 2026-09-15 in Seoul, plus one just before and one just
+/// after the day, which must not be settled.
+async fn seed(pool: &PgPool, n: i64) {
+    let (start, end) = settlement::day_bounds(date(), chrono_tz::Asia::Seoul);
+    sqlx::query(
+        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
+         SELECT g, 1 + g % 7, 100 + g % 1000, $1 + ($2 - $1) * ((g - 1)::float8 / $3) \
+         FROM generate_series(1, $3) g",
+    )
+    .bind(start)
+    .bind(end)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO orders VALUES ($3 + 1, 1, 999, $1 - interval '1 microsecond'), ($3 + 2, 1, 999, $2)",
+    )
+    .bind(start)
+    .bind(end)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn batchonce(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DATABASE_URL", &db.url)
+        .env_remove("BATCHONCE_CONFIG")
+        .env("RUST_LOG", "info");
+    if let Some(cfg) = config {
+        c.arg("--config").arg(cfg);
+    }
+    c.args(args);
+    c
+}
+
+fn spawn_worker(db: &TestDb, config: &PathBuf, dir: &std::path::Path, id: &str) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
+    batchonce(
+        db,
+        Some(config),
+        &["--log-format", "json", "worker", "--worker-id", id],
+    )
+    .args([
+        "--concurrency",
+        "2",
+        "--poll-interval",
+        "200ms",
+        "--grace",
+        "5s",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(log)
+    .spawn()
+    .unwrap()
+}
+
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn run_row(pool: &PgPool) -> (String, i32, i64, Option<String>) {
+    sqlx::query_as("SELECT status, attempts, processed_count, lease_owner FROM batch_job_run WHERE job_key = $1")
+        .bind(KEY)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn assert_settled_exactly(pool: &PgPool, n: i64) {
+    let v = settlement::verify(pool, chrono_tz::Asia::Seoul, date())
+        .await
+        .unwrap();
+    assert!(v.ok, "settlement does not match its source: {}", v.detail);
+    assert_eq!(v.items, n);
+    assert_eq!(v.duplicates, 0);
+}
+
+fn enqueue_output(db: &TestDb) -> Output {
+    batchonce(
+        db,
+        None,
+        &["enqueue", "daily-settlement", "--date", "2026-09-15"],
+    )
+    .output()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_enqueue_processes_make_one_run() {
+    let db = db().await;
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            batchonce(
+                &db,
+                None,
+                &["enqueue", "daily-settlement", "--date", "2026-09-15"],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut enqueued = 0;
+    let mut duplicate = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            s if s == format!("enqueued {KEY}") => enqueued += 1,
+            s if s == format!("duplicate {KEY}") => duplicate += 1,
+            other => panic!("unexpected output {other:?}"),
+        }
+    }
+    assert_eq!((enqueued, duplicate), (1, 7));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    let out = batchonce(
+        &db,
+        None,
+        &[
+            "--json",
+            "enqueue",
+            "daily-settlement",
+            "--date",
+            "2026-09-15",
+        ],
+    )
+    .output()
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["result"], "duplicate");
+    assert_eq!(v["job_key"], KEY);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_write_one_set_of_items() {
+    let db = db().await;
+    let dir = scratch("two-workers");
+    let cfg = write_config(&dir);
+    seed(&db.pool, 1500).await;
+    assert!(enqueue_output(&db).status.success());
+    let mut a = spawn_worker(&db, &cfg, &dir, "wa");
+    let mut b = spawn_worker(&db, &cfg, &dir, "wb");
+    wait_for("the run succeeded", Duration::from_secs(60), || async {
+        run_row(&db.pool).await.0 == "SUCCEEDED"
+    })
+    .await;
+    assert_settled_exactly(&db.pool, 1500).await;
+    let (_, attempts, processed, _) = run_row(&db.pool).await;
+    assert_eq!((attempts, processed), (1, 1500));
+    for c in [&a, &b] {
+        signal(c, Signal::SIGTERM);
+    }
+    assert!(wait_exit(&mut a, Duration::from_secs(15)).success());
+    assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
+    let db = db().await;
+    let dir = scratch("sigkill");
+    let cfg = write_config(&dir);
+    seed(&db.pool, 1500).await;
+    assert!(enqueue_output(&db).status.success());
+    let mut a = spawn_worker(&db, &cfg, &dir, "victim");
+    wait_for("the victim is mid-run", Duration::from_secs(30), || async {
+        let (status, _, processed, _) = run_row(&db.pool).await;
+        status == "RUNNING" && processed >= 100
+    })
+    .await;
+    signal(&a, Signal::SIGKILL);
+    let _ = wait_exit(&mut a, Duration::from_secs(5));
+    let (_, _, at_kill, owner) = run_row(&db.pool).await;
+    assert_eq!(owner.as_deref(), Some("victim"));
+    assert!(at_kill < 1500, "the run was not mid-way when killed");
+
+    let mut b = spawn_worker(&db, &cfg, &dir, "rescuer");
+    wait_for("the run succeeded", Duration::from_secs(60), || async {
+        run_row(&db.pool).await.0 == "SUCCEEDED"
+    })
+    .await;
+    assert_settled_exactly(&db.pool, 1500).await;
+    let (_, attempts, processed, _) = run_row(&db.pool).await;
+    assert_eq!(attempts, 2);
+    assert_eq!(
+        processed, 1500,
+        "processed_count counts each item once across attempts"
+    );
+    let history: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT worker_id, outcome, processed_count FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
+    )
+    .bind(KEY)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(history[0].0, "victim");
+    assert_eq!(history[0].1, "lease_expired");
+    assert_eq!(history[1].0, "rescuer");
+    assert_eq!(history[1].1, "succeeded");
+    assert_eq!(history[0].2 + history[1].2, 1500);
+    signal(&b, Signal::SIGTERM);
+    assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_0_and_releases_the_lease() {
+    let db = db().await;
+    let dir = scratch("sigterm");
+    let cfg = write_config(&dir);
+    seed(&db.pool, 3000).await;
+    assert!(enqueue_output(&db).status.success());
+    let mut a = spawn_worker(&db, &cfg, &dir, "leaver");
+    wait_for("the worker is mid-run", Duration::from_secs(30), || async {
+        let (status, _, processed, _) = run_row(&db.pool).await;
+        status == "RUNNING" && processed >= 60
+    })
+    .await;
+    signal(&a, Signal::SIGTERM);
+    let st = wait_exit(&mut a, Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0));
+    let (status, attempts, processed, _) = run_row(&db.pool).await;
+    assert_eq!(status, "PENDING");
+    assert!(processed < 3000);
+    let expires: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT lease_expires_at FROM batch_job_run")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(expires.is_none(), "the lease was released");
+    let outcome: String =
+        sqlx::query_scalar("SELECT outcome FROM batch_job_attempt WHERE attempt = $1")
+            .bind(attempts)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcome, "released");
+
+    // Another worker picks it up at once (no lease to wait out) and finishes.
+    let mut b = spawn_worker(&db, &cfg, &dir, "finisher");
+    wait_for("the run succeeded", Duration::from_secs(60), || async {
+        run_row(&db.pool).await.0 == "SUCCEEDED"
+    })
+    .await;
+    assert_settled_exactly(&db.pool, 3000).await;
+    signal(&b, Signal::SIGTERM);
+    assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_commands_and_migrate() {
+    let db = db().await;
+    // migrate is idempotent on a migrated database.
+    for _ in 0..2 {
+        let out = batchonce(&db, None, &["migrate"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(enqueue_output(&db).status.success());
+    let out = batchonce(&db, None, &["--json", "runs", "list"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["job_key"], KEY);
+    assert_eq!(v[0]["status"], "PENDING");
+    let out = batchonce(&db, None, &["--json", "runs", "show", KEY])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["run"]["attempts"], 0);
+    let out = batchonce(&db, None, &["--json", "status"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["counts"][0]["runs"], 1);
+    let out = batchonce(
+        &db,
+        None,
+        &[
+            "runs",
+            "list",
+            "--status",
+            "pending",
+            "--job",
+            "daily-settlement",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(KEY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_one_error_line_and_changes_nothing() {
+    let db = db().await;
+    let dir = scratch("bad-input");
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let unknown_key = write("a.toml", "[jobs.daily-settlement]\ncolour = \"red\"\n");
+    let bad_tz = write(
+        "b.toml",
+        "[jobs.daily-settlement]\ntimezone = \"Asia/Atlantis\"\n",
+    );
+    let bad_dur = write(
+        "c.toml",
+        "[jobs.daily-settlement]\nlease_ttl = \"forever\"\n",
+    );
+    let bad_job = write("d.toml", "[jobs.nightly-report]\n");
+    let bad_toml = write("e.toml", "[jobs.daily-settlement\n");
+    let bad_int = write("f.toml", "[jobs.daily-settlement]\nmax_attempts = -1\n");
+    let bad_policy = write(
+        "g.toml",
+        "[jobs.daily-settlement]\non_lease_expiry = \"later\"\n",
+    );
+    let missing = dir.join("missing.toml").display().to_string();
+    let long_key = format!("daily-settlement:{}", "1".repeat(120));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["enqueue", "nightly", "--date", "2026-09-15"],
+            "unknown job \"nightly\"",
+        ),
+        (
+            vec!["enqueue", "Daily_Settlement", "--date", "2026-09-15"],
+            "unknown job",
+        ),
+        (
+            vec!["enqueue", "daily-settlement", "--date", "2026-02-30"],
+            "invalid date",
+        ),
+        (
+            vec!["enqueue", "daily-settlement", "--date", "15/09/2026"],
+            "invalid date",
+        ),
+        (vec!["enqueue", "daily-settlement"], "--date"),
+        (vec!["worker", "--concurrency", "0"], "--concurrency"),
+        (vec!["worker", "--concurrency", "many"], "--concurrency"),
+        (
+            vec!["worker", "--worker-id", "has space"],
+            "invalid worker id",
+        ),
+        (vec!["worker", "--grace", "soon"], "invalid duration"),
+        (vec!["worker", "--poll-interval", "0s"], "greater than zero"),
+        (vec!["runs", "show", "not-a-key"], "invalid job key"),
+        (vec!["runs", "show", &long_key], "invalid job key"),
+        (
+            vec!["runs", "show", "daily-settlement:2020-01-01"],
+            "no run with key",
+        ),
+        (vec!["runs", "list", "--status", "DONE"], "unknown status"),
+        (vec!["runs", "list", "--job", "nope"], "unknown job"),
+        (vec!["runs", "list", "--limit", "0"], "--limit"),
+        (vec!["frobnicate"], "unrecognized subcommand"),
+        (
+            vec!["--config", &unknown_key, "status"],
+            "`jobs.daily-settlement.colour`: unknown key",
+        ),
+        (
+            vec!["--config", &bad_tz, "status"],
+            "`jobs.daily-settlement.timezone`: unknown time zone",
+        ),
+        (
+            vec!["--config", &bad_dur, "status"],
+            "`jobs.daily-settlement.lease_ttl`: invalid duration",
+        ),
+        (
+            vec!["--config", &bad_job, "status"],
+            "`jobs.nightly-report`: unknown job",
+        ),
+        (vec!["--config", &bad_toml, "status"], "line 1"),
+        (
+            vec!["--config", &bad_int, "status"],
+            "`jobs.daily-settlement.max_attempts`",
+        ),
+        (vec!["--config", &bad_policy, "status"], "unknown policy"),
+        (
+            vec!["--config", &missing, "status"],
+            "cannot read config file",
+        ),
+    ];
+    for (args, expect) in &cases {
+        let out = batchonce(&db, None, args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+        assert!(err.starts_with("batchonce: error: "), "{args:?}: {err}");
+        assert!(
+            err.contains(expect),
+            "{args:?}: expected {expect:?} in {err}"
+        );
+    }
+    // Commands other than demo require a URL; a bad URL is one clean line
+    // without the password.
+    for args in [
+        vec!["worker"],
+        vec!["enqueue", "daily-settlement", "--date", "2026-09-15"],
+        vec!["status"],
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains("set DATABASE_URL"), "{args:?}: {err}");
+    }
+    let out = Command::new(BIN)
+        .args(["status"])
+        .env("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/x")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("hunter2"), "password leaked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "bad input wrote a row");
+}
