@@ -140,7 +140,13 @@ impl Config {
             ConfigError::Syntax {
                 origin: origin.to_owned(),
                 line,
-                message: e.message().trim().to_owned(),
+                message: e
+                    .message()
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; "),
             }
         })?;
         let key_err = |key: &str, message: String| ConfigError::Key {
