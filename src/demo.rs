@@ -88,7 +88,7 @@ pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> any
                 .context("cluster start panicked")??;
             println!(
                 "database: private PostgreSQL cluster in {} ({})",
-                home.join("pg").display(),
+                c.dir().display(),
                 if c.started_here {
                     "started"
                 } else {

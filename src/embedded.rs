@@ -39,6 +39,7 @@ pub struct ClusterOptions {
 /// A running private cluster.
 #[derive(Debug)]
 pub struct Cluster {
+    dir: PathBuf,
     bindir: PathBuf,
     data: PathBuf,
     socket_dir: PathBuf,
@@ -85,7 +86,15 @@ impl Cluster {
             move |source| EmbeddedError::Io { path, source }
         };
         fs::create_dir_all(&opts.dir).map_err(io(&opts.dir))?;
-        let dir = fs::canonicalize(&opts.dir).map_err(io(&opts.dir))?;
+        let mut dir = fs::canonicalize(&opts.dir).map_err(io(&opts.dir))?;
+        // As root the server runs as `postgres`, which must be able to reach
+        // the folder; a project under a private home (/root) cannot host it,
+        // so the cluster moves to a folder named after the project under /tmp.
+        if Uid::effective().is_root() && !reachable_by_others(&dir) {
+            dir = relocated(&dir);
+            fs::create_dir_all(&dir).map_err(io(&dir))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(io(&dir))?;
+        }
         let lock_path = dir.join("lock");
         let lock_file = fs::OpenOptions::new()
             .create(true)
@@ -114,6 +123,7 @@ impl Cluster {
         let socket_dir = socket_dir_for(&dir);
         fs::create_dir_all(&socket_dir).map_err(io(&socket_dir))?;
         let mut cluster = Self {
+            dir: dir.clone(),
             bindir,
             data,
             socket_dir,
@@ -201,6 +211,11 @@ impl Cluster {
         check("pg_ctl stop", out)
     }
 
+    /// The folder holding the data, socket and log (after any relocation).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The URL of a database on this cluster (over the unix socket).
     pub fn url(&self, database: &str) -> String {
         format!(
@@ -226,6 +241,22 @@ impl Cluster {
             detail: e.to_string(),
         })
     }
+}
+
+/// Whether every folder above `dir` lets other users pass through.
+fn reachable_by_others(dir: &Path) -> bool {
+    dir.ancestors().skip(1).all(|a| {
+        fs::metadata(a)
+            .map(|m| m.permissions().mode() & 0o001 != 0)
+            .unwrap_or(false)
+    })
+}
+
+fn relocated(dir: &Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    PathBuf::from(format!("/tmp/batchonce-pg-{:x}", h.finish()))
 }
 
 /// Unix socket paths are limited to about 107 bytes; a deep project folder

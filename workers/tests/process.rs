@@ -523,3 +523,138 @@ async fn bad_input_gets_one_error_line_and_changes_nothing() {
         .unwrap();
     assert_eq!(rows, 0, "bad input wrote a row");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_survives_a_database_restart() {
+    use batchonce::embedded::{Cluster, ClusterOptions};
+    // A cluster of this test's own, so restarting it disturbs no other test.
+    let dir = scratch("restart");
+    let opts = ClusterOptions {
+        dir: dir.join("pg"),
+        durable: false,
+        max_connections: 50,
+    };
+    let cluster = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || Cluster::start(&opts))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let url = cluster.url("postgres");
+    let pool = batchonce::db::connect(&url, "restart-test", 2)
+        .await
+        .unwrap();
+    batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
+        .await
+        .unwrap();
+    seed(&pool, 2000).await;
+    let cfg = write_config(&dir);
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .env("DATABASE_URL", &url)
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        run(&["enqueue", "daily-settlement", "--date", "2026-09-15"])
+            .status
+            .success()
+    );
+    let log = std::fs::File::create(dir.join("survivor.log")).unwrap();
+    let mut worker = Command::new(BIN)
+        .env("DATABASE_URL", &url)
+        .env("RUST_LOG", "info")
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "--log-format",
+            "json",
+            "worker",
+            "--worker-id",
+            "survivor",
+            "--poll-interval",
+            "200ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    wait_for("the worker is mid-run", Duration::from_secs(30), || async {
+        let (status, _, processed, _) = run_row(&pool).await;
+        status == "RUNNING" && processed >= 100
+    })
+    .await;
+    pool.close().await;
+    tokio::task::spawn_blocking(move || cluster.stop().unwrap())
+        .await
+        .unwrap();
+    // Down for longer than the lease ttl (2s): the worker must keep trying.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "the worker exited while the database was down"
+    );
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&opts))
+        .await
+        .unwrap()
+        .unwrap();
+    let pool = batchonce::db::connect(&url, "restart-test", 2)
+        .await
+        .unwrap();
+    wait_for(
+        "the run succeeded after the restart",
+        Duration::from_secs(60),
+        || async { run_row(&pool).await.0 == "SUCCEEDED" },
+    )
+    .await;
+    assert_settled_exactly(&pool, 2000).await;
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "the worker is still serving"
+    );
+    signal(&worker, Signal::SIGTERM);
+    assert!(wait_exit(&mut worker, Duration::from_secs(15)).success());
+    pool.close().await;
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn demo_runs_the_whole_system_on_its_private_cluster() {
+    let home = scratch("demo");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .env("BATCHONCE_HOME", &home)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("duplicate daily-settlement:"), "{stdout}");
+    assert!(stdout.contains("SIGKILLed demo-worker-"), "{stdout}");
+    assert!(stdout.contains("demo passed"), "{stdout}");
+    assert_eq!(stdout.matches(" SUCCEEDED ").count(), 3, "{stdout}");
+    // The demo stops the cluster it started, and a second run reuses its data.
+    let again = Command::new(BIN)
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .env("BATCHONCE_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+}
