@@ -361,6 +361,16 @@ on_lease_expiry = "hold"
             err("[jobs.daily-settlement]\nlease_ttl = \"1h\"\nstale_after = \"1m\"")
                 .contains("stale_after")
         );
+        assert!(err("[jobs.daily-settlement]\nbackoff = \"2h\"")
+            .contains("`jobs.daily-settlement.backoff`: must not be longer than backoff_max"));
+        assert!(err("[jobs.daily-settlement]\nbackoff_max = \"30d\"")
+            .contains("`jobs.daily-settlement.backoff_max`"));
+        assert!(err("[jobs.daily-settlement]\nchunk_pause = \"5m\"")
+            .contains("`jobs.daily-settlement.chunk_pause`"));
+        assert!(err("[jobs.daily-settlement]\nstale_after = \"0s\"").contains("greater than zero"));
+        assert!(err("[jobs.daily-settlement]\nchunk_size = 1000000")
+            .contains("`jobs.daily-settlement.chunk_size`"));
+        assert!(err("jobs = 3").contains("`jobs`: must be a table"));
         assert!(err("[jobs.nightly]\n")
             .contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));
         assert!(err("[worker]\n").contains("`worker`: unknown key"));

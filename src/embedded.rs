@@ -13,7 +13,7 @@ use nix::unistd::{Uid, User};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
-    #[error("no PostgreSQL server binaries found (looked for `pg_config --bindir` and /usr/lib/postgresql/*/bin); install them (Debian: apt-get install -y postgresql) or set DATABASE_URL to an existing server")]
+    #[error("no PostgreSQL server binaries found (looked in $BATCHONCE_PG_BINDIR, `pg_config --bindir` and /usr/lib/postgresql/*/bin); install them (Debian: apt-get install -y postgresql) or set DATABASE_URL to an existing server")]
     NotInstalled,
     #[error("running as root, but there is no `postgres` user to run the private cluster as; create one (useradd postgres) or set DATABASE_URL")]
     NoPostgresUser,
@@ -51,6 +51,15 @@ pub struct Cluster {
 /// Finds the installed server binaries (`initdb`, `pg_ctl`, `postgres`).
 pub fn find_bindir() -> Result<PathBuf, EmbeddedError> {
     let has_server = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
+    // An explicit choice is final: no search behind the operator's back.
+    if let Some(d) = std::env::var_os("BATCHONCE_PG_BINDIR") {
+        let d = PathBuf::from(d);
+        return if has_server(&d) {
+            Ok(d)
+        } else {
+            Err(EmbeddedError::NotInstalled)
+        };
+    }
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
         let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         if out.status.success() && has_server(&d) {

@@ -363,3 +363,59 @@ async fn abort_after_grace_abandons_the_chunk_and_releases() {
     let (view, _) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
     assert_eq!(view.status, "PENDING");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notify_wakes_an_idle_worker_long_before_its_poll() {
+    let db = setup().await;
+    let reg = registry();
+    let config = Config::defaults(&reg.default_configs());
+    let mut opts = WorkerOptions::new("listener");
+    opts.poll_interval = Duration::from_secs(120);
+    let signals = Shutdown::default();
+    let handle = tokio::spawn(worker::run(
+        reg,
+        config,
+        db.pool.clone(),
+        db.pool.clone(),
+        opts,
+        signals.clone(),
+    ));
+    // Let the worker make its first (empty) claim and start listening.
+    wait_until(
+        "the listener is connected",
+        Duration::from_secs(10),
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    queue::enqueue(
+        &db.pool,
+        &[new_run(1, serde_json::json!({"items": 5}))],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    wait_until("the run succeeded", Duration::from_secs(20), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "woken by NOTIFY, not by the 120s poll"
+    );
+    signals.shutdown.cancel();
+    handle.await.unwrap();
+}

@@ -658,3 +658,20 @@ fn demo_runs_the_whole_system_on_its_private_cluster() {
         String::from_utf8_lossy(&again.stdout)
     );
 }
+
+#[test]
+fn demo_without_postgresql_says_how_to_fix_it() {
+    let home = scratch("no-pg");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .env("BATCHONCE_HOME", &home)
+        .env("BATCHONCE_PG_BINDIR", home.join("nothing-here"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("apt-get install -y postgresql"), "{err}");
+    assert!(err.contains("DATABASE_URL"), "{err}");
+}
