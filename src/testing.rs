@@ -97,3 +97,19 @@ impl Drop for TestDb {
         .join();
     }
 }
+
+/// Polls `f` every 50ms until it is true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: std::time::Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !f().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
-use batchonce::testing::TestDb;
+use batchonce::testing::{wait_until, TestDb};
 use batchonce::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
 use chrono::NaiveDate;
@@ -120,18 +120,6 @@ fn start(db: &TestDb, id: &str, concurrency: u32, grace: Duration) -> Running {
         signals.clone(),
     ));
     Running { signals, handle }
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use batchonce::testing::TestDb;
+use batchonce::testing::{wait_until, TestDb};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use nix::sys::signal::{kill, Signal};
@@ -141,18 +141,6 @@ async fn run_row(pool: &PgPool) -> (String, i32, i64, Option<String>) {
         .unwrap()
 }
 
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn assert_settled_exactly(pool: &PgPool, n: i64) {
     let v = settlement::verify(pool, chrono_tz::Asia::Seoul, date())
         .await
@@ -236,7 +224,7 @@ async fn two_workers_write_one_set_of_items() {
     assert!(enqueue_output(&db).status.success());
     let mut a = spawn_worker(&db, &cfg, &dir, "wa");
     let mut b = spawn_worker(&db, &cfg, &dir, "wb");
-    wait_for("the run succeeded", Duration::from_secs(60), || async {
+    wait_until("the run succeeded", Duration::from_secs(60), || async {
         run_row(&db.pool).await.0 == "SUCCEEDED"
     })
     .await;
@@ -258,7 +246,7 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
     seed(&db.pool, 1500).await;
     assert!(enqueue_output(&db).status.success());
     let mut a = spawn_worker(&db, &cfg, &dir, "victim");
-    wait_for("the victim is mid-run", Duration::from_secs(30), || async {
+    wait_until("the victim is mid-run", Duration::from_secs(30), || async {
         let (status, _, processed, _) = run_row(&db.pool).await;
         status == "RUNNING" && processed >= 100
     })
@@ -270,7 +258,7 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
     assert!(at_kill < 1500, "the run was not mid-way when killed");
 
     let mut b = spawn_worker(&db, &cfg, &dir, "rescuer");
-    wait_for("the run succeeded", Duration::from_secs(60), || async {
+    wait_until("the run succeeded", Duration::from_secs(60), || async {
         run_row(&db.pool).await.0 == "SUCCEEDED"
     })
     .await;
@@ -305,7 +293,7 @@ async fn sigterm_exits_0_and_releases_the_lease() {
     seed(&db.pool, 3000).await;
     assert!(enqueue_output(&db).status.success());
     let mut a = spawn_worker(&db, &cfg, &dir, "leaver");
-    wait_for("the worker is mid-run", Duration::from_secs(30), || async {
+    wait_until("the worker is mid-run", Duration::from_secs(30), || async {
         let (status, _, processed, _) = run_row(&db.pool).await;
         status == "RUNNING" && processed >= 60
     })
@@ -332,7 +320,7 @@ async fn sigterm_exits_0_and_releases_the_lease() {
 
     // Another worker picks it up at once (no lease to wait out) and finishes.
     let mut b = spawn_worker(&db, &cfg, &dir, "finisher");
-    wait_for("the run succeeded", Duration::from_secs(60), || async {
+    wait_until("the run succeeded", Duration::from_secs(60), || async {
         run_row(&db.pool).await.0 == "SUCCEEDED"
     })
     .await;
@@ -584,7 +572,7 @@ async fn a_worker_survives_a_database_restart() {
         .stderr(log)
         .spawn()
         .unwrap();
-    wait_for("the worker is mid-run", Duration::from_secs(30), || async {
+    wait_until("the worker is mid-run", Duration::from_secs(30), || async {
         let (status, _, processed, _) = run_row(&pool).await;
         status == "RUNNING" && processed >= 100
     })
@@ -606,7 +594,7 @@ async fn a_worker_survives_a_database_restart() {
     let pool = batchonce::db::connect(&url, "restart-test", 2)
         .await
         .unwrap();
-    wait_for(
+    wait_until(
         "the run succeeded after the restart",
         Duration::from_secs(60),
         || async { run_row(&pool).await.0 == "SUCCEEDED" },
