@@ -111,3 +111,7 @@ $$;
 CREATE TRIGGER batch_operator_action_no_change
     BEFORE UPDATE OR DELETE ON batch_operator_action
     FOR EACH ROW EXECUTE FUNCTION batch_operator_action_append_only();
+
+CREATE TRIGGER batch_operator_action_no_truncate
+    BEFORE TRUNCATE ON batch_operator_action
+    FOR EACH STATEMENT EXECUTE FUNCTION batch_operator_action_append_only();

@@ -283,15 +283,25 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                 None => default_worker_id(),
             };
             // Handlers and claims share the main pool; heartbeats get their own.
-            let pool = db::connect_lazy(url, &worker_id, concurrency + 3)?;
-            let heartbeat_pool = db::connect_lazy(url, &worker_id, 1)?;
+            let max_ttl = config
+                .jobs
+                .values()
+                .map(|c| c.lease_ttl)
+                .max()
+                .unwrap_or(Duration::from_secs(30));
+            let idle_tx = (max_ttl * 2).max(Duration::from_secs(10));
+            let pool = db::connect_worker(url, &worker_id, concurrency + 3, idle_tx)?;
+            let heartbeat_pool = db::connect_worker(url, &worker_id, 1, idle_tx)?;
+            let signals = Shutdown::default();
+            spawn_signal_handler(signals.clone())?;
+            if !wait_for_schema(&pool, &registry, &signals).await? {
+                return Ok(ExitCode::SUCCESS);
+            }
             let mut opts = WorkerOptions::new(worker_id);
             opts.concurrency = *concurrency;
             opts.grace = *grace;
             opts.poll_interval = *poll_interval;
             opts.listen = !no_listen;
-            let signals = Shutdown::default();
-            spawn_signal_handler(signals.clone())?;
             worker::run(registry, config, pool, heartbeat_pool, opts, signals).await;
             Ok(ExitCode::SUCCESS)
         }
@@ -397,15 +407,18 @@ async fn runs_command(
                 );
                 println!("enqueued at:  {}", run.enqueued_at.to_rfc3339());
                 println!("next run at:  {}", run.next_run_at.to_rfc3339());
-                if let Some(o) = &run.lease_owner {
-                    println!(
+                match (&run.lease_owner, run.status.as_str()) {
+                    (Some(o), "RUNNING") => println!(
                         "lease:        {o} token {} expires {}",
                         run.lease_token.unwrap_or_default(),
                         run.lease_expires_at
                             .map(|t| t.to_rfc3339())
                             .unwrap_or_else(|| "-".into())
-                    );
+                    ),
+                    (Some(o), _) => println!("last worker:  {o}"),
+                    (None, _) => {}
                 }
+
                 if let Some(e) = &run.error_message {
                     println!("message:      {e}");
                 }
@@ -426,6 +439,37 @@ async fn runs_command(
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Waits for the database to be reachable (a worker may start before it),
+/// then refuses to run against a schema that is not migrated: claims would
+/// fail forever. Returns false if a signal arrived while waiting.
+async fn wait_for_schema(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    signals: &Shutdown,
+) -> anyhow::Result<bool> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match db::pending_migrations(pool, &registry.migrations()).await {
+            Ok(pending) if pending.is_empty() => return Ok(true),
+            Ok(pending) => bail!(
+                "the database is not migrated ({} migrations pending, first {}): run `batchonce migrate`",
+                pending.len(),
+                pending[0]
+            ),
+            Err(db::DbError::Sql(e)) if queue::is_transient(&e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "database not reachable yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = signals.shutdown.cancelled() => return Ok(false),
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }

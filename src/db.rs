@@ -60,6 +60,47 @@ pub async fn connect(url: &str, application_name: &str, max: u32) -> Result<PgPo
         })
 }
 
+/// A pool for a worker: like [`connect_lazy`], and a transaction left idle
+/// longer than `idle_tx_timeout` (a stopped or wedged process) is ended by the
+/// server, so its row locks cannot keep a run from being recovered.
+pub fn connect_worker(
+    url: &str,
+    application_name: &str,
+    max: u32,
+    idle_tx_timeout: Duration,
+) -> Result<PgPool, DbError> {
+    let opts = options(url, application_name)?.options([(
+        "idle_in_transaction_session_timeout",
+        format!("{}ms", idle_tx_timeout.as_millis()),
+    )]);
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(opts))
+}
+
+/// Versions of the engine's and job kinds' migrations not yet applied.
+pub async fn pending_migrations(
+    pool: &PgPool,
+    kinds: &[&'static Migrator],
+) -> Result<Vec<i64>, DbError> {
+    let applied: Vec<i64> =
+        match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await
+        {
+            Ok(v) => v,
+            // 42P01: undefined table, a database that was never migrated.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+    Ok(combined(kinds)
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !applied.contains(v))
+        .collect())
+}
+
 /// A pool that connects on first use: long-running processes start even while
 /// the database is down and retry their work instead of exiting.
 pub fn connect_lazy(url: &str, application_name: &str, max: u32) -> Result<PgPool, DbError> {

@@ -42,6 +42,8 @@ fn demo_config(cfg: &JobConfig) -> JobConfig {
         chunk_pause: Duration::from_millis(40),
         backoff: Duration::from_secs(1),
         backoff_max: Duration::from_secs(5),
+        // The killed run needs a second attempt whatever the file says.
+        max_attempts: cfg.max_attempts.max(3),
         ..cfg.clone()
     }
 }

@@ -141,6 +141,9 @@ impl Cluster {
         };
         if let Some(u) = &cluster.run_as {
             for d in [&dir, &cluster.socket_dir] {
+                if d.starts_with("/tmp") {
+                    check_owner(d, &[0, u.uid.as_raw()])?;
+                }
                 nix::unistd::chown(d, Some(u.uid), Some(u.gid)).map_err(|e| EmbeddedError::Io {
                     path: d.clone(),
                     source: e.into(),
@@ -262,10 +265,38 @@ fn reachable_by_others(dir: &Path) -> bool {
 }
 
 fn relocated(dir: &Path) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    dir.hash(&mut h);
-    PathBuf::from(format!("/tmp/batchonce-pg-{:x}", h.finish()))
+    PathBuf::from(format!("/tmp/batchonce-pg-{:016x}", fnv1a(dir)))
+}
+
+/// FNV-1a of a path: stable across Rust releases (std's hasher is not), so
+/// the same project finds the same relocated cluster with any toolchain.
+fn fnv1a(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    path.as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// A folder under /tmp that root is about to hand to `postgres` must not have
+/// been made by someone else first (the names are predictable).
+fn check_owner(dir: &Path, allowed: &[u32]) -> Result<(), EmbeddedError> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata(dir) {
+        Ok(m) if !allowed.contains(&m.uid()) => Err(EmbeddedError::Io {
+            path: dir.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "owned by uid {}, not by root or postgres; remove it",
+                    m.uid()
+                ),
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Unix socket paths are limited to about 107 bytes; a deep project folder
@@ -275,10 +306,7 @@ fn socket_dir_for(dir: &Path) -> PathBuf {
     if inside.as_os_str().len() + "/.s.PGSQL.5432".len() < 100 {
         return inside;
     }
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    dir.hash(&mut h);
-    let p = PathBuf::from(format!("/tmp/batchonce-sock-{:x}", h.finish()));
+    let p = PathBuf::from(format!("/tmp/batchonce-sock-{:016x}", fnv1a(dir)));
     let _ = fs::create_dir_all(&p)
         .and_then(|_| fs::set_permissions(&p, fs::Permissions::from_mode(0o755)));
     p

@@ -494,9 +494,13 @@ impl FencedTx {
             UPDATE batch_job_run
             SET processed_count = processed_count + $3,
                 failed_count = failed_count + $4,
-                heartbeat_at = COALESCE($6, now()),
+                -- clock_timestamp(), not now(): now() is when this chunk's
+                -- transaction began, and a long chunk must not commit an
+                -- already-expired lease.
+                heartbeat_at = COALESCE($6, clock_timestamp()),
                 lease_expires_at = GREATEST(lease_expires_at,
-                                            COALESCE($6, now()) + make_interval(secs => $5))
+                                            COALESCE($6, clock_timestamp())
+                                            + make_interval(secs => $5))
             WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
             "#,
         )
@@ -610,6 +614,11 @@ pub async fn finish(
                 lease_token = CASE WHEN $3 = 'release'
                                    THEN nextval('batch_lease_token_seq')
                                    ELSE r.lease_token END,
+                -- A release is not a failure: the budget grows by the attempt
+                -- it used, so attempts never exceed max_attempts.
+                max_attempts = CASE WHEN $3 = 'release'
+                                    THEN LEAST(r.max_attempts + 1, 1000)
+                                    ELSE r.max_attempts END,
                 error_message = CASE WHEN $3 = 'succeeded' THEN NULL
                                      WHEN $3 = 'release' THEN r.error_message
                                      ELSE $4 END

@@ -296,6 +296,13 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         End::Handler(Err(JobError::Fatal(error))) => Some(Finish::Fatal { error }),
         End::Handler(Err(JobError::LeaseLost)) | End::Lost => None,
         End::Handler(Err(JobError::Cancelled)) if lost.is_cancelled() => None,
+        End::Handler(Err(JobError::Cancelled)) if !cancel.is_cancelled() => {
+            // Returning Cancelled unasked would release and re-claim forever.
+            Some(Finish::Retry {
+                error: "handler returned Cancelled without a shutdown or lost lease".into(),
+                delay: queue::backoff_delay(lease.attempt, cfg.backoff, cfg.backoff_max),
+            })
+        }
         End::Handler(Err(JobError::Cancelled)) | End::Aborted => Some(Finish::Release),
     };
     let elapsed_ms = started.elapsed().as_millis() as u64;
@@ -417,7 +424,25 @@ async fn heartbeat_loop(
         if snapshot.is_empty() {
             continue;
         }
-        let result = queue::heartbeat(&pool, &snapshot, shared.clock).await;
+        // A hung query (a silent network partition) counts as a failure, so
+        // self-fencing below still fires on time.
+        let min_ttl = snapshot
+            .iter()
+            .map(|h| h.lease_ttl)
+            .min()
+            .unwrap_or(every * 3);
+        let result = match tokio::time::timeout(
+            min_ttl / 2,
+            queue::heartbeat(&pool, &snapshot, shared.clock),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(QueueError::Invalid(format!(
+                "heartbeat timed out after {}ms",
+                (min_ttl / 2).as_millis()
+            ))),
+        };
         let mut held = lock(&shared.held);
         match result {
             Ok(report) => {

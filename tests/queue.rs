@@ -615,6 +615,11 @@ async fn release_returns_the_run_at_once_and_fences_the_old_token() {
         .await
         .unwrap();
     assert_eq!(again.len(), 1, "released runs are due at once");
+    assert_eq!(again[0].attempt, 2);
+    assert_eq!(
+        again[0].max_attempts, 4,
+        "a release does not use up the budget"
+    );
     let fence = Fence {
         key: r.key.clone(),
         token: lease.token,

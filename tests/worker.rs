@@ -43,6 +43,9 @@ impl Job for TestJob {
         if ctx.attempt == 1 && p["panic_first"].as_bool() == Some(true) {
             panic!("handler bug");
         }
+        if ctx.attempt == 1 && p["cancel_unasked"].as_bool() == Some(true) {
+            return Err(JobError::Cancelled);
+        }
         let mut n = 0;
         while n < items {
             ctx.pause(pause).await?;
@@ -174,9 +177,15 @@ async fn retryable_errors_and_panics_retry_and_fatal_fails() {
     let flaky = new_run(1, serde_json::json!({"items": 20, "fail_first": true}));
     let panicky = new_run(2, serde_json::json!({"items": 20, "panic_first": true}));
     let fatal = new_run(3, serde_json::json!({"fatal": true}));
+    let unasked = new_run(4, serde_json::json!({"items": 20, "cancel_unasked": true}));
     queue::enqueue(
         &db.pool,
-        &[flaky.clone(), panicky.clone(), fatal.clone()],
+        &[
+            flaky.clone(),
+            panicky.clone(),
+            fatal.clone(),
+            unasked.clone(),
+        ],
         Clock::Db,
     )
     .await
@@ -187,13 +196,14 @@ async fn retryable_errors_and_panics_retry_and_fatal_fails() {
             "SELECT count(*) FROM batch_job_run WHERE status IN ('SUCCEEDED', 'FAILED')",
         )
         .await
-            == 3
+            == 4
     })
     .await;
     for (r, status, attempts) in [
         (&flaky, "SUCCEEDED", 2),
         (&panicky, "SUCCEEDED", 2),
         (&fatal, "FAILED", 1),
+        (&unasked, "SUCCEEDED", 2),
     ] {
         let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
         assert_eq!(
@@ -406,4 +416,20 @@ async fn notify_wakes_an_idle_worker_long_before_its_poll() {
     );
     signals.shutdown.cancel();
     handle.await.unwrap();
+}
+
+#[tokio::test]
+async fn worker_sessions_end_idle_transactions() {
+    let db = TestDb::new(&[]).await;
+    let pool = batchonce::db::connect_worker(&db.url, "w-idle", 1, Duration::from_secs(7)).unwrap();
+    let v: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(v, "7s");
+    let app: String = sqlx::query_scalar("SHOW application_name")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(app, "w-idle");
 }

@@ -663,3 +663,18 @@ fn demo_without_postgresql_says_how_to_fix_it() {
     assert!(err.contains("apt-get install -y postgresql"), "{err}");
     assert!(err.contains("DATABASE_URL"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_an_unmigrated_database() {
+    // Engine tables only: the settlement migrations are pending.
+    let db = TestDb::new(&[]).await;
+    let out = batchonce(&db, None, &["worker"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = err.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("batchonce: error: the database is not migrated"),
+        "{err}"
+    );
+    assert!(last.contains("batchonce migrate"), "{err}");
+}
