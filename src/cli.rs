@@ -16,7 +16,8 @@ use crate::config::{parse_duration, Config};
 use crate::db;
 use crate::job::Registry;
 use crate::key::{parse_date, JobKey};
-use crate::queue::{self, NewRun, RunStatus};
+use crate::producer;
+use crate::queue::{self, RunStatus};
 use crate::worker::{self, Shutdown, WorkerOptions};
 
 #[derive(Debug, Parser)]
@@ -59,8 +60,41 @@ enum Command {
         /// Job name, e.g. daily-settlement.
         job: String,
         /// Business date, YYYY-MM-DD.
+        #[arg(long, required_unless_present = "from", conflicts_with_all = ["from", "to"])]
+        date: Option<String>,
+        /// Backfill: first business date of an inclusive range (at most 366 days).
+        #[arg(long, requires = "to")]
+        from: Option<String>,
+        /// Backfill: last business date of the range.
+        #[arg(long, requires = "from")]
+        to: Option<String>,
+    },
+    /// The producer: enqueues every scheduled period, on a timer, until SIGTERM.
+    Produce {
+        /// One tick, then exit.
         #[arg(long)]
-        date: String,
+        once: bool,
+        /// Time between ticks.
+        #[arg(long, default_value = "15s", value_parser = duration_arg)]
+        interval: Duration,
+        /// Simulate this moment (RFC 3339) instead of the database clock.
+        #[arg(long, value_parser = instant_arg)]
+        now: Option<chrono::DateTime<chrono::Utc>>,
+    },
+    /// Pre-deploy check: processes race for one scratch key; exactly one must win.
+    Preflight {
+        /// Racing processes.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+        processes: u32,
+    },
+    /// One racer of `preflight` (internal).
+    #[command(hide = true)]
+    PreflightRacer {
+        #[arg(long)]
+        key: String,
+        /// Unix time in milliseconds at which to start.
+        #[arg(long)]
+        start_at_ms: i64,
     },
     /// A worker process: leases and executes runs until SIGTERM/SIGINT.
     Worker {
@@ -108,6 +142,14 @@ enum RunsCommand {
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s)
+}
+
+fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| {
+            format!("invalid instant {s:?}: expected RFC 3339, e.g. 2026-09-15T01:00:00+09:00")
+        })
 }
 
 /// Runs the command line with the given job kinds; the `batchonce` binary's
@@ -178,7 +220,7 @@ pub fn main(registry: Registry) -> ExitCode {
 fn init_logging(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
     let default = match cli.command {
-        Command::Worker { .. } => "info",
+        Command::Worker { .. } | Command::Produce { once: false, .. } => "info",
         _ => "warn",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
@@ -243,31 +285,117 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Enqueue { job, date } => {
+        Command::Enqueue {
+            job,
+            date,
+            from,
+            to,
+        } => {
             let job = registry.resolve(job).map_err(|e| anyhow!(e))?;
-            let date = parse_date(date)?;
-            let cfg = config.job(&job).cloned().unwrap_or_default();
-            let pool = db::connect(require_url(&cli)?, "batchonce-enqueue", 2).await?;
-            let run = NewRun {
-                key: JobKey::daily(&job, date),
-                job,
-                business_date: date,
-                max_attempts: cfg.max_attempts,
-                payload: json!({}),
+            let dates = match (date, from, to) {
+                (Some(d), _, _) => vec![parse_date(d)?],
+                (None, Some(f), Some(t)) => {
+                    producer::date_range(parse_date(f)?, parse_date(t)?).map_err(|e| anyhow!(e))?
+                }
+                // clap requires --date or both --from and --to.
+                _ => bail!("give --date, or --from and --to"),
             };
-            let report = queue::enqueue(&pool, std::slice::from_ref(&run), Clock::Db)
+            let cfg = config.job(&job).cloned().unwrap_or_default();
+            let periods = producer::periods_for_dates(&cfg, &dates).map_err(|e| anyhow!(e))?;
+            let runs = producer::runs_for_periods(&job, &cfg, &periods);
+            let pool = db::connect(require_url(&cli)?, "batchonce-enqueue", 2).await?;
+            let report = queue::enqueue(&pool, &runs, Clock::Db)
                 .await
                 .context("enqueue failed")?;
-            let result = if report.enqueued.is_empty() {
-                "duplicate"
-            } else {
-                "enqueued"
-            };
-            if cli.json {
-                println!("{}", json!({"result": result, "job_key": run.key.as_str()}));
-            } else {
-                println!("{result} {}", run.key);
+            let inserted: std::collections::HashSet<&JobKey> = report.enqueued.iter().collect();
+            for run in &runs {
+                let result = match (inserted.contains(&run.key), &run.skip_reason) {
+                    (false, _) => "duplicate",
+                    (true, None) => "enqueued",
+                    (true, Some(_)) => "skipped",
+                };
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({"result": result, "job_key": run.key.as_str(), "reason": run.skip_reason})
+                    );
+                } else if result == "skipped" {
+                    println!(
+                        "skipped {} ({})",
+                        run.key,
+                        run.skip_reason.as_deref().unwrap_or("")
+                    );
+                } else {
+                    println!("{result} {}", run.key);
+                }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Produce {
+            once,
+            interval,
+            now,
+        } => {
+            let url = require_url(&cli)?;
+            let clock = now.map(Clock::At).unwrap_or(Clock::Db);
+            if *once {
+                let pool = db::connect(url, "batchonce-producer", 2).await?;
+                let report = producer::tick(&pool, &config, clock)
+                    .await
+                    .context("producer tick failed")?;
+                producer::log_tick(&report);
+                if cli.json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    for t in &report {
+                        for k in &t.enqueued {
+                            println!("enqueued {k}");
+                        }
+                        for k in &t.skipped {
+                            println!("skipped {k}");
+                        }
+                        println!(
+                            "{}: {} enqueued, {} skipped, {} duplicate{}",
+                            t.job,
+                            t.enqueued.len(),
+                            t.skipped.len(),
+                            t.duplicates,
+                            if t.truncated {
+                                " (window truncated; run again)"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                    if report.is_empty() {
+                        println!("no enabled job has a schedule");
+                    }
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let pool = db::connect_lazy(url, "batchonce-producer", 2)?;
+            let signals = Shutdown::default();
+            spawn_signal_handler(signals.clone())?;
+            tracing::info!(
+                interval_ms = interval.as_millis() as u64,
+                "producer started"
+            );
+            producer::run(pool, config, clock, *interval, signals.shutdown.clone()).await;
+            tracing::info!("producer stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Preflight { processes } => {
+            let url = require_url(&cli)?;
+            let ok = crate::preflight::run(url, &registry, *processes).await?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::PreflightRacer { key, start_at_ms } => {
+            let url = require_url(&cli)?;
+            crate::preflight::race(url, key, *start_at_ms).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Worker {

@@ -6,9 +6,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chrono::{NaiveDate, Weekday};
 use chrono_tz::Tz;
 
-use crate::key::JobName;
+use crate::key::{parse_date, JobName};
+use crate::schedule::{Covers, CronSchedule};
+
+/// Longest catch-up window: a year and a month of missed periods.
+pub const MAX_CATCH_UP: Duration = Duration::from_secs(400 * 86_400);
 
 /// What happens to a run whose lease expired (DESIGN.md §4.7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +53,35 @@ pub struct JobConfig {
     /// Pause between chunks, to spare the source database (0 = none).
     pub chunk_pause: Duration,
     pub on_lease_expiry: LeaseExpiryPolicy,
+    /// When the producer enqueues periods; `None`: only by `enqueue`.
+    pub schedule: Option<CronSchedule>,
+    /// Which business period a firing is about.
+    pub covers: Covers,
+    /// How far back the producer enqueues missed periods after downtime.
+    pub catch_up: Duration,
+    /// Business dates recorded as SKIPPED instead of run.
+    pub skip_dates: Vec<NaiveDate>,
+    /// Weekdays recorded as SKIPPED instead of run.
+    pub skip_weekdays: Vec<Weekday>,
+    /// A disabled job is not produced (manual `enqueue` still works).
+    pub enabled: bool,
+}
+
+impl JobConfig {
+    /// Why a business date is skipped by the calendar, if it is.
+    pub fn skip_reason(&self, date: NaiveDate) -> Option<String> {
+        use chrono::Datelike;
+        if self.skip_dates.contains(&date) {
+            return Some(format!("business calendar: {date} is in skip_dates"));
+        }
+        if self.skip_weekdays.contains(&date.weekday()) {
+            return Some(format!(
+                "business calendar: {date} is a {:?}, in skip_weekdays",
+                date.weekday()
+            ));
+        }
+        None
+    }
 }
 
 impl Default for JobConfig {
@@ -62,6 +96,12 @@ impl Default for JobConfig {
             backoff_max: Duration::from_secs(600),
             chunk_pause: Duration::ZERO,
             on_lease_expiry: LeaseExpiryPolicy::Retry,
+            schedule: None,
+            covers: Covers::SameDay,
+            catch_up: Duration::from_secs(3 * 86_400),
+            skip_dates: Vec::new(),
+            skip_weekdays: Vec::new(),
+            enabled: true,
         }
     }
 }
@@ -76,6 +116,12 @@ const JOB_KEYS: &[&str] = &[
     "backoff_max",
     "chunk_pause",
     "on_lease_expiry",
+    "schedule",
+    "covers",
+    "catch_up",
+    "skip_dates",
+    "skip_weekdays",
+    "enabled",
 ];
 
 /// A configuration problem, printed as one line.
@@ -231,6 +277,66 @@ fn apply_job_table(
                     }
                 }
             }
+            "schedule" => {
+                cfg.schedule = Some(CronSchedule::parse(as_str(value).map_err(err)?).map_err(err)?)
+            }
+            "covers" => {
+                let s = as_str(value).map_err(err)?;
+                cfg.covers = Covers::parse(s).ok_or_else(|| {
+                    err(format!(
+                        "unknown value {s:?} (expected \"same-day\", \"previous-day\" or \"firing\")"
+                    ))
+                })?;
+            }
+            "catch_up" => {
+                let d = as_duration_or_zero(value).map_err(err)?;
+                if d > MAX_CATCH_UP {
+                    return Err(err(format!(
+                        "{} is longer than the limit of 400d",
+                        as_str(value).unwrap_or("")
+                    )));
+                }
+                cfg.catch_up = d;
+            }
+            "skip_dates" => {
+                let list = value.as_array().ok_or_else(|| {
+                    err(format!(
+                        "expected an array of \"YYYY-MM-DD\" strings, found {}",
+                        value.type_str()
+                    ))
+                })?;
+                cfg.skip_dates = list
+                    .iter()
+                    .map(|v| as_str(v).and_then(|s| parse_date(s).map_err(|e| e.to_string())))
+                    .collect::<Result<_, _>>()
+                    .map_err(err)?;
+            }
+            "skip_weekdays" => {
+                let list = value.as_array().ok_or_else(|| {
+                    err(format!(
+                        "expected an array of weekday names, found {}",
+                        value.type_str()
+                    ))
+                })?;
+                cfg.skip_weekdays = list
+                    .iter()
+                    .map(|v| {
+                        let s = as_str(v)?;
+                        s.parse::<Weekday>().map_err(|_| {
+                            format!("unknown weekday {s:?} (use mon, tue, wed, thu, fri, sat, sun)")
+                        })
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(err)?;
+            }
+            "enabled" => {
+                cfg.enabled = value.as_bool().ok_or_else(|| {
+                    err(format!(
+                        "expected true or false, found {}",
+                        value.type_str()
+                    ))
+                })?
+            }
             _ => {
                 return Err(err(format!(
                     "unknown key (expected one of: {})",
@@ -339,6 +445,27 @@ on_lease_expiry = "hold"
         assert_eq!(j.lease_ttl, Duration::from_secs(45));
         assert_eq!(j.chunk_size, 100);
         assert_eq!(j.on_lease_expiry, LeaseExpiryPolicy::Hold);
+        let c = Config::parse(
+            "[jobs.daily-settlement]\nschedule = \"0 1 * * *\"\ncovers = \"previous-day\"\ncatch_up = \"7d\"\nskip_dates = [\"2026-12-25\"]\nskip_weekdays = [\"sat\", \"Sun\"]\nenabled = false\n",
+            "t.toml",
+            &kinds(),
+        )
+        .unwrap();
+        let j = c.job(&JobName::parse("daily-settlement").unwrap()).unwrap();
+        assert_eq!(j.schedule.as_ref().unwrap().as_str(), "0 1 * * *");
+        assert_eq!(j.covers, Covers::PreviousDay);
+        assert_eq!(j.catch_up, Duration::from_secs(7 * 86_400));
+        assert!(!j.enabled);
+        let d = |s| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        assert!(j
+            .skip_reason(d("2026-12-25"))
+            .unwrap()
+            .contains("skip_dates"));
+        assert!(j
+            .skip_reason(d("2026-09-19"))
+            .unwrap()
+            .contains("skip_weekdays"));
+        assert!(j.skip_reason(d("2026-09-18")).is_none());
     }
 
     #[test]
@@ -370,6 +497,28 @@ on_lease_expiry = "hold"
         assert!(err("[jobs.daily-settlement]\nstale_after = \"0s\"").contains("greater than zero"));
         assert!(err("[jobs.daily-settlement]\nchunk_size = 1000000")
             .contains("`jobs.daily-settlement.chunk_size`"));
+        assert!(err("[jobs.daily-settlement]\nschedule = \"0 25 * * *\"")
+            .contains("`jobs.daily-settlement.schedule`: invalid cron expression"));
+        assert!(err("[jobs.daily-settlement]\nschedule = \"every day\"")
+            .contains("`jobs.daily-settlement.schedule`"));
+        assert!(err("[jobs.daily-settlement]\ncovers = \"tomorrow\"")
+            .contains("`jobs.daily-settlement.covers`: unknown value"));
+        assert!(err("[jobs.daily-settlement]\ncatch_up = \"1000d\"")
+            .contains("`jobs.daily-settlement.catch_up`: 1000d is longer than the limit"));
+        assert!(err("[jobs.daily-settlement]\ncatch_up = \"soon\"")
+            .contains("`jobs.daily-settlement.catch_up`: invalid duration"));
+        assert!(
+            err("[jobs.daily-settlement]\nskip_dates = [\"2026-02-30\"]")
+                .contains("`jobs.daily-settlement.skip_dates`: invalid date")
+        );
+        assert!(err("[jobs.daily-settlement]\nskip_dates = \"2026-12-25\"")
+            .contains("expected an array"));
+        assert!(
+            err("[jobs.daily-settlement]\nskip_weekdays = [\"caturday\"]")
+                .contains("`jobs.daily-settlement.skip_weekdays`: unknown weekday")
+        );
+        assert!(err("[jobs.daily-settlement]\nenabled = \"yes\"")
+            .contains("`jobs.daily-settlement.enabled`: expected true or false"));
         assert!(err("jobs = 3").contains("`jobs`: must be a table"));
         assert!(err("[jobs.nightly]\n")
             .contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));

@@ -163,6 +163,7 @@ async fn run_on(
                 business_date: d,
                 max_attempts: cfg.max_attempts,
                 payload: serde_json::json!({}),
+                skip_reason: None,
             });
         }
     }

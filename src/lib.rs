@@ -12,7 +12,10 @@ mod demo;
 pub mod embedded;
 pub mod job;
 pub mod key;
+mod preflight;
+pub mod producer;
 pub mod queue;
+pub mod schedule;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod worker;

@@ -122,6 +122,9 @@ pub struct NewRun {
     pub business_date: NaiveDate,
     pub max_attempts: u32,
     pub payload: serde_json::Value,
+    /// Set for periods the business calendar skips: the run is recorded as
+    /// SKIPPED with this reason instead of being queued.
+    pub skip_reason: Option<String>,
 }
 
 /// What one enqueue statement did, key by key, in input order.
@@ -145,6 +148,7 @@ pub async fn enqueue(
     let mut dates = Vec::new();
     let mut maxes = Vec::new();
     let mut payloads = Vec::new();
+    let mut reasons: Vec<Option<String>> = Vec::new();
     let mut order = Vec::new();
     for r in runs {
         if r.key.job_name() != r.job.as_str() {
@@ -168,6 +172,7 @@ pub async fn enqueue(
             dates.push(r.business_date);
             maxes.push(r.max_attempts as i32);
             payloads.push(r.payload.clone());
+            reasons.push(r.skip_reason.as_deref().map(truncate));
         }
     }
     if keys.is_empty() {
@@ -177,9 +182,14 @@ pub async fn enqueue(
     let inserted: Vec<String> = sqlx::query_scalar(
         r#"
         INSERT INTO batch_job_run
-            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at)
-        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now())
-        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[]) AS t(k, n, d, m, p)
+            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
+             status, finished_at, error_message)
+        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now()),
+               CASE WHEN why IS NULL THEN 'PENDING' ELSE 'SKIPPED' END,
+               CASE WHEN why IS NULL THEN NULL ELSE COALESCE($6, now()) END,
+               why
+        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[])
+             AS t(k, n, d, m, p, why)
         ON CONFLICT (job_key) DO NOTHING
         RETURNING job_key
         "#,
@@ -190,6 +200,7 @@ pub async fn enqueue(
     .bind(&maxes)
     .bind(&payloads)
     .bind(clock.bind())
+    .bind(&reasons)
     .fetch_all(&mut *tx)
     .await?;
     if !inserted.is_empty() {
@@ -936,6 +947,32 @@ pub async fn status(
         expired_leases: expired,
         stale,
     })
+}
+
+/// The job name of `preflight`'s scratch runs; only these can be deleted.
+pub const PREFLIGHT_JOB: &str = "batchonce-preflight";
+
+/// Removes one scratch run of `preflight` and its attempts. Refuses any other
+/// job: runs of real jobs are history and are never deleted.
+pub async fn delete_preflight_run(pool: &PgPool, key: &JobKey) -> Result<u64, QueueError> {
+    if key.job_name() != PREFLIGHT_JOB {
+        return Err(QueueError::Invalid(format!(
+            "{key} is not a preflight run; runs are never deleted"
+        )));
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("DELETE FROM batch_job_attempt WHERE job_key = $1")
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await?;
+    let n = sqlx::query("DELETE FROM batch_job_run WHERE job_key = $1 AND job_name = $2")
+        .bind(key.as_str())
+        .bind(PREFLIGHT_JOB)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    tx.commit().await?;
+    Ok(n)
 }
 
 /// Truncates to the stored limit on a character boundary.

@@ -22,6 +22,7 @@ fn run(day: u32, max_attempts: u32) -> NewRun {
         business_date: date,
         max_attempts,
         payload: serde_json::json!({}),
+        skip_reason: None,
     }
 }
 

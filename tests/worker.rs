@@ -98,6 +98,7 @@ fn new_run(day: u64, payload: serde_json::Value) -> NewRun {
         business_date: date,
         max_attempts: 3,
         payload,
+        skip_reason: None,
     }
 }
 

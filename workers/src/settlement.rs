@@ -4,8 +4,9 @@
 //! idempotent by item key, so a retry after a crash resumes without a second row.
 
 use async_trait::async_trait;
+use batchonce::schedule::{Covers, CronSchedule};
 use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
-use chrono::{DateTime, Days, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono::{Days, NaiveDate};
 use chrono_tz::Tz;
 use sqlx::migrate::Migrator;
 use sqlx::{PgPool, Row};
@@ -18,27 +19,9 @@ pub const NAME: &str = "daily-settlement";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DailySettlement;
 
-/// The first instant of `date` in `tz`. Where local midnight does not exist
-/// (a DST gap at midnight), the day starts at the first local time that does;
-/// where it is ambiguous, at its earlier occurrence. Pure: no process time zone.
-pub fn start_of_day(date: NaiveDate, tz: Tz) -> DateTime<Utc> {
-    let mut local = date.and_time(NaiveTime::MIN);
-    // DST gaps are at most a few hours; step a minute at a time past one.
-    for _ in 0..(24 * 60) {
-        if let Some(t) = tz.from_local_datetime(&local).earliest() {
-            return t.with_timezone(&Utc);
-        }
-        local += chrono::Duration::minutes(1);
-    }
-    // Unreachable for real zones; fall back to UTC midnight rather than panic.
-    Utc.from_utc_datetime(&date.and_time(NaiveTime::MIN))
-}
-
-/// `[start, end)` of a business date in UTC.
-pub fn day_bounds(date: NaiveDate, tz: Tz) -> (DateTime<Utc>, DateTime<Utc>) {
-    let next = date.checked_add_days(Days::new(1)).unwrap_or(date);
-    (start_of_day(date, tz), start_of_day(next, tz))
-}
+/// `[start, end)` of a business date in UTC (DST-aware, see
+/// [`batchonce::schedule`]).
+pub use batchonce::schedule::{day_bounds, start_of_day};
 
 #[async_trait]
 impl Job for DailySettlement {
@@ -48,8 +31,14 @@ impl Job for DailySettlement {
     }
 
     fn default_config(&self) -> JobConfig {
+        // The seed article's settlement: 01:00 in Seoul, covering the day
+        // before, catching up a week of missed days after downtime.
         JobConfig {
             timezone: chrono_tz::Asia::Seoul,
+            // Invariant: a constant, valid expression (checked by a unit test).
+            schedule: Some(CronSchedule::parse("0 1 * * *").expect("valid cron")),
+            covers: Covers::PreviousDay,
+            catch_up: std::time::Duration::from_secs(7 * 86_400),
             ..JobConfig::default()
         }
     }
@@ -258,8 +247,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn name_is_valid() {
+    fn name_and_defaults_are_valid() {
         assert_eq!(DailySettlement.name().as_str(), NAME);
+        assert!(DailySettlement.default_config().schedule.is_some());
     }
 
     #[test]

@@ -678,3 +678,269 @@ async fn a_worker_refuses_an_unmigrated_database() {
     );
     assert!(last.contains("batchonce migrate"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_producer_processes_enqueue_each_key_once() {
+    let db = db().await;
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            batchonce(
+                &db,
+                None,
+                &[
+                    "--json",
+                    "produce",
+                    "--once",
+                    "--now",
+                    "2026-09-15T02:00:00+09:00",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut enqueued = 0;
+    let mut duplicates = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        enqueued += v[0]["enqueued"].as_array().unwrap().len();
+        duplicates += v[0]["duplicates"].as_u64().unwrap();
+    }
+    // The default settlement schedule: 01:00 Seoul, previous day, 7 days back.
+    assert_eq!((enqueued, duplicates), (7, 7 * 7));
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT min(job_key), count(*) FROM batch_job_run GROUP BY job_key ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 7);
+    assert!(rows.iter().all(|(_, n)| *n == 1));
+    assert_eq!(rows[0].0, "daily-settlement:2026-09-08");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_backfills_a_range_and_reports_skips() {
+    let db = db().await;
+    let dir = scratch("backfill");
+    let cfg = dir.join("cal.toml");
+    std::fs::write(&cfg, "[jobs.daily-settlement]\nskip_weekdays = [\"sun\"]\n").unwrap();
+    let out = batchonce(
+        &db,
+        Some(&cfg),
+        &[
+            "enqueue",
+            "daily-settlement",
+            "--from",
+            "2026-09-12",
+            "--to",
+            "2026-09-14",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "enqueued daily-settlement:2026-09-12");
+    assert!(
+        lines[1].starts_with("skipped daily-settlement:2026-09-13 (business calendar"),
+        "{text}"
+    );
+    assert_eq!(lines[2], "enqueued daily-settlement:2026-09-14");
+    for (args, expect) in [
+        (
+            vec!["--from", "2026-09-14", "--to", "2026-09-12"],
+            "before --from",
+        ),
+        (
+            vec!["--from", "2020-01-01", "--to", "2026-09-12"],
+            "the limit is 366",
+        ),
+        (vec!["--from", "2026-09-14"], "--to"),
+        (
+            vec![
+                "--date",
+                "2026-09-14",
+                "--from",
+                "2026-09-12",
+                "--to",
+                "2026-09-13",
+            ],
+            "cannot be used with",
+        ),
+    ] {
+        let mut a = vec!["enqueue", "daily-settlement"];
+        a.extend(args.iter().copied());
+        let out = batchonce(&db, None, &a).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(expect), "{a:?}: {err}");
+    }
+    let bad_now = batchonce(&db, None, &["produce", "--once", "--now", "tomorrow"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad_now.stderr).contains("invalid instant"));
+    let bad_cron = dir.join("cron.toml");
+    std::fs::write(
+        &bad_cron,
+        "[jobs.daily-settlement]\nschedule = \"0 1 * *\"\n",
+    )
+    .unwrap();
+    let out = batchonce(&db, Some(&bad_cron), &["produce", "--once"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`jobs.daily-settlement.schedule`: invalid cron expression"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_passes_and_cleans_up() {
+    let db = db().await;
+    let out = batchonce(&db, None, &["preflight", "--processes", "6"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("ok    migrations current"), "{text}");
+    assert!(text.contains("ok    database clock sane"), "{text}");
+    assert!(
+        text.contains("6 processes raced for batchonce-preflight:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 enqueued (5 duplicates), 1 claimed"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("preflight passed"), "{text}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "preflight left its scratch run behind");
+    // Against an unmigrated schema it fails and says why.
+    let bare = TestDb::new(&[]).await;
+    let out = batchonce(&bare, None, &["preflight"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("migrations pending: run `batchonce migrate`"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_survives_a_database_restart() {
+    use batchonce::embedded::{Cluster, ClusterOptions};
+    let dir = scratch("producer-restart");
+    let opts = ClusterOptions {
+        dir: dir.join("pg"),
+        durable: false,
+        max_connections: 20,
+    };
+    let cluster = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || Cluster::start(&opts))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let url = cluster.url("postgres");
+    let pool = batchonce::db::connect(&url, "restart-test", 2)
+        .await
+        .unwrap();
+    batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
+        .await
+        .unwrap();
+    let cfg = dir.join("sync.toml");
+    // A job every minute in UTC; simulated time starts 12s before a minute.
+    std::fs::write(
+        &cfg,
+        "[jobs.daily-settlement]\ntimezone = \"UTC\"\nschedule = \"* * * * *\"\ncovers = \"firing\"\ncatch_up = \"5m\"\n",
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("producer.log")).unwrap();
+    let mut producer = Command::new(BIN)
+        .env("DATABASE_URL", &url)
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "--log-format",
+            "json",
+            "produce",
+            "--interval",
+            "500ms",
+            "--now",
+            "2026-09-15T10:00:48Z",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let count = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM batch_job_run")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(0)
+    };
+    wait_until("the first tick", Duration::from_secs(10), || {
+        let p = pool.clone();
+        async move { count(p).await == 5 }
+    })
+    .await;
+    pool.close().await;
+    tokio::task::spawn_blocking(move || cluster.stop().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        producer.try_wait().unwrap().is_none(),
+        "the producer exited while the database was down"
+    );
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&opts))
+        .await
+        .unwrap()
+        .unwrap();
+    let pool = batchonce::db::connect(&url, "restart-test", 2)
+        .await
+        .unwrap();
+    // 10:01 comes 12s after the start in simulated time.
+    wait_until("the 10:01 key after the restart", Duration::from_secs(30), || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM batch_job_run WHERE job_key = 'daily-settlement:2026-09-15T10:01'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+    signal(&producer, Signal::SIGTERM);
+    assert!(wait_exit(&mut producer, Duration::from_secs(10)).success());
+    pool.close().await;
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,166 @@
+//! `batchonce preflight`, the seed article's pre-deploy check: several
+//! processes race at the same instant to enqueue and claim one scratch key
+//! against the configured database, and the check passes only if exactly one
+//! enqueues and exactly one claims. It also checks that migrations are
+//! current and that the database clock is sane, then removes its scratch run.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio::process::Command;
+
+use crate::clock::Clock;
+use crate::db;
+use crate::job::Registry;
+use crate::key::{JobKey, JobName};
+use crate::queue::{self, ClaimSpec, NewRun, PREFLIGHT_JOB};
+
+/// Largest tolerated difference between this host's clock and the database's.
+const MAX_SKEW: Duration = Duration::from_secs(30);
+
+pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Result<bool> {
+    println!("preflight against {}", db::redact(url));
+    let pool = db::connect(url, "batchonce-preflight", 2).await?;
+    let mut ok = true;
+
+    let pending = db::pending_migrations(&pool, &registry.migrations()).await?;
+    if pending.is_empty() {
+        let n = db::combined(&registry.migrations()).iter().count();
+        println!("ok    migrations current ({n} applied)");
+    } else {
+        ok = false;
+        println!(
+            "FAIL  {} migrations pending: run `batchonce migrate`",
+            pending.len()
+        );
+    }
+
+    let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await?;
+    let local = Utc::now();
+    let skew = (db_now - local).num_milliseconds().abs();
+    let later: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await?;
+    if later < db_now {
+        ok = false;
+        println!("FAIL  database clock went backwards ({db_now} then {later})");
+    } else if skew as u128 > MAX_SKEW.as_millis() {
+        ok = false;
+        println!(
+            "FAIL  database clock differs from this host's by {:.1}s (limit {}s); fix NTP before deploying",
+            skew as f64 / 1000.0,
+            MAX_SKEW.as_secs()
+        );
+    } else {
+        println!(
+            "ok    database clock sane (this host differs by {:.3}s)",
+            skew as f64 / 1000.0
+        );
+    }
+    if !pending.is_empty() {
+        println!("skipped the race: the schema is not current");
+        return Ok(false);
+    }
+
+    let key = JobKey::parse(&format!(
+        "{PREFLIGHT_JOB}:{}",
+        Utc::now().timestamp_millis()
+    ))?;
+    let start_at = Utc::now().timestamp_millis() + 1500;
+    let exe = std::env::current_exe().context("cannot find the batchonce binary")?;
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        children.push(
+            Command::new(&exe)
+                .args(["preflight-racer", "--key", key.as_str()])
+                .args(["--start-at-ms", &start_at.to_string()])
+                .env("DATABASE_URL", url)
+                .env("RUST_LOG", "error")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .context("cannot start a racer process")?,
+        );
+    }
+    let mut enqueued = 0;
+    let mut claimed = 0;
+    let mut failed = 0;
+    for c in children {
+        let out = tokio::time::timeout(Duration::from_secs(60), c.wait_with_output())
+            .await
+            .context("a racer did not finish within 60s")??;
+        let v: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+        match v {
+            Some(v) if out.status.success() => {
+                enqueued += usize::from(v["enqueued"] == true);
+                claimed += usize::from(v["claimed"] == true);
+            }
+            _ => {
+                failed += 1;
+                let err = String::from_utf8_lossy(&out.stderr);
+                println!("FAIL  a racer failed: {}", err.trim());
+            }
+        }
+    }
+    let removed = queue::delete_preflight_run(&pool, &key).await?;
+    if failed == 0 && enqueued == 1 && claimed == 1 {
+        println!("ok    {processes} processes raced for {key}: 1 enqueued ({} duplicates), 1 claimed ({} found it taken)",
+            processes - 1, processes - 1);
+    } else {
+        ok = false;
+        println!("FAIL  {processes} processes raced for {key}: {enqueued} enqueued, {claimed} claimed, {failed} failed (expected exactly 1 and 1)");
+    }
+    println!("ok    scratch run removed ({removed} row)");
+    println!(
+        "{}",
+        if ok {
+            "preflight passed"
+        } else {
+            "preflight FAILED"
+        }
+    );
+    Ok(ok)
+}
+
+/// One racer: connects first, waits for the common start instant, then
+/// enqueues and claims the scratch key, and prints what it won as JSON.
+pub async fn race(url: &str, key: &str, start_at_ms: i64) -> anyhow::Result<()> {
+    let key = JobKey::parse(key)?;
+    if key.job_name() != PREFLIGHT_JOB {
+        bail!("preflight-racer only races {PREFLIGHT_JOB} keys");
+    }
+    let job = JobName::parse(PREFLIGHT_JOB)?;
+    let worker = format!("preflight-{}", std::process::id());
+    let pool = db::connect(url, &worker, 1).await?;
+    sqlx::query("SELECT 1").execute(&pool).await?;
+    let wait = start_at_ms - Utc::now().timestamp_millis();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+    let run = NewRun {
+        key: key.clone(),
+        job: job.clone(),
+        business_date: Utc::now().date_naive(),
+        max_attempts: 1,
+        payload: json!({}),
+        skip_reason: None,
+    };
+    let report = queue::enqueue(&pool, &[run], Clock::Db).await?;
+    let spec = [ClaimSpec {
+        job,
+        lease_ttl: Duration::from_secs(60),
+    }];
+    let leases = queue::claim(&pool, &worker, &spec, 1, Clock::Db).await?;
+    println!(
+        "{}",
+        json!({"enqueued": !report.enqueued.is_empty(), "claimed": !leases.is_empty()})
+    );
+    Ok(())
+}

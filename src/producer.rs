@@ -1,0 +1,231 @@
+//! The producer: turns each job's schedule into job keys and enqueues them.
+//! Every tick computes, from one "now" (the database clock unless a moment is
+//! simulated), every period due within the job's catch-up window, and
+//! enqueues all of them in one statement; periods that already exist are
+//! duplicates and change nothing, so any number of producers may run at once.
+//! `enqueue` shares [`runs_for_periods`], so a manual run is keyed exactly as
+//! a scheduled one.
+
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::config::{Config, JobConfig};
+use crate::key::{JobKey, JobName};
+use crate::queue::{self, NewRun, QueueError};
+use crate::schedule::{self, Covers, Period};
+
+/// Most periods one job may add in one tick (a 7-day window of a job every
+/// minute is 10,080).
+pub const MAX_PERIODS_PER_TICK: usize = 20_000;
+/// Most days one `enqueue --from --to` may cover.
+pub const MAX_BACKFILL_DAYS: i64 = 366;
+
+/// The runs for these periods: calendar-skipped periods become SKIPPED runs.
+pub fn runs_for_periods(job: &JobName, cfg: &JobConfig, periods: &[Period]) -> Vec<NewRun> {
+    periods
+        .iter()
+        .map(|p| NewRun {
+            // Invariant: a valid job name and a formatted period make a valid key.
+            key: JobKey::parse(&format!("{job}:{}", p.key_part())).expect("valid key"),
+            job: job.clone(),
+            business_date: p.date,
+            max_attempts: cfg.max_attempts,
+            payload: serde_json::json!({}),
+            skip_reason: cfg.skip_reason(p.date),
+        })
+        .collect()
+}
+
+/// The periods of whole business dates: one per date for daily jobs, every
+/// firing on each local date for `covers = "firing"` jobs.
+pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Period>, String> {
+    if cfg.covers != Covers::Firing {
+        return Ok(dates.iter().copied().map(Period::day).collect());
+    }
+    let sched = cfg
+        .schedule
+        .as_ref()
+        .ok_or("a job with covers = \"firing\" needs a schedule to enqueue by date")?;
+    let mut out = Vec::new();
+    for d in dates {
+        let (start, end) = schedule::day_bounds(*d, cfg.timezone);
+        let before = start - chrono::Duration::microseconds(1);
+        let (firings, _) = sched.firings(
+            cfg.timezone,
+            before,
+            end - chrono::Duration::microseconds(1),
+            MAX_PERIODS_PER_TICK,
+        );
+        out.extend(
+            firings
+                .into_iter()
+                .map(|f| schedule::period_of(f, cfg.timezone, Covers::Firing)),
+        );
+    }
+    Ok(out)
+}
+
+/// The dates of an inclusive range, bounded.
+pub fn date_range(from: NaiveDate, to: NaiveDate) -> Result<Vec<NaiveDate>, String> {
+    if to < from {
+        return Err(format!("--to {to} is before --from {from}"));
+    }
+    let days = (to - from).num_days() + 1;
+    if days > MAX_BACKFILL_DAYS {
+        return Err(format!(
+            "the range {from}..{to} is {days} days; the limit is {MAX_BACKFILL_DAYS}: split it"
+        ));
+    }
+    Ok(from.iter_days().take(days as usize).collect())
+}
+
+/// What one job's schedule asks for at one moment.
+#[derive(Debug, Clone)]
+pub struct JobPlan {
+    pub job: JobName,
+    pub window_start: DateTime<Utc>,
+    pub runs: Vec<NewRun>,
+    /// The window held more periods than one tick enqueues.
+    pub truncated: bool,
+}
+
+/// Every period of `job` whose firing falls in `(now - catch_up, now]`.
+pub fn plan(job: &JobName, cfg: &JobConfig, now: DateTime<Utc>) -> Option<JobPlan> {
+    let sched = cfg.schedule.as_ref().filter(|_| cfg.enabled)?;
+    let window = chrono::Duration::from_std(cfg.catch_up).unwrap_or(chrono::Duration::days(1));
+    // A zero catch-up still takes the firings of the last 15 minutes, so a
+    // producer ticking on its timer never misses the current one.
+    let window = if window.is_zero() {
+        chrono::Duration::minutes(15)
+    } else {
+        window
+    };
+    let window_start = now - window;
+    let (firings, truncated) = sched.firings(cfg.timezone, window_start, now, MAX_PERIODS_PER_TICK);
+    let mut periods: Vec<Period> = firings
+        .into_iter()
+        .map(|f| schedule::period_of(f, cfg.timezone, cfg.covers))
+        .collect();
+    periods.dedup();
+    Some(JobPlan {
+        job: job.clone(),
+        window_start,
+        runs: runs_for_periods(job, cfg, &periods),
+        truncated,
+    })
+}
+
+/// One job's share of a tick.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct JobTick {
+    pub job: String,
+    pub window_start: Option<DateTime<Utc>>,
+    pub enqueued: Vec<String>,
+    pub skipped: Vec<String>,
+    pub duplicates: usize,
+    pub truncated: bool,
+}
+
+/// One producer tick at `clock`'s now: plans every job, enqueues all runs in
+/// one statement, and reports per job.
+pub async fn tick(
+    pool: &PgPool,
+    config: &Config,
+    clock: Clock,
+) -> Result<Vec<JobTick>, QueueError> {
+    let now = match clock {
+        Clock::At(t) => t,
+        Clock::Db => sqlx::query_scalar("SELECT now()").fetch_one(pool).await?,
+    };
+    let plans: Vec<JobPlan> = config
+        .jobs
+        .iter()
+        .filter_map(|(name, cfg)| plan(name, cfg, now))
+        .collect();
+    let all: Vec<NewRun> = plans.iter().flat_map(|p| p.runs.iter().cloned()).collect();
+    let report = queue::enqueue(pool, &all, clock).await?;
+    let enqueued: std::collections::HashSet<&JobKey> = report.enqueued.iter().collect();
+    Ok(plans
+        .iter()
+        .map(|p| {
+            let mut t = JobTick {
+                job: p.job.to_string(),
+                window_start: Some(p.window_start),
+                truncated: p.truncated,
+                ..JobTick::default()
+            };
+            for r in &p.runs {
+                match (enqueued.contains(&r.key), &r.skip_reason) {
+                    (true, None) => t.enqueued.push(r.key.to_string()),
+                    (true, Some(_)) => t.skipped.push(r.key.to_string()),
+                    (false, _) => t.duplicates += 1,
+                }
+            }
+            t
+        })
+        .collect())
+}
+
+/// Logs one tick's report.
+pub fn log_tick(report: &[JobTick]) {
+    for t in report {
+        info!(
+            job = %t.job, enqueued = t.enqueued.len(), skipped = t.skipped.len(),
+            duplicates = t.duplicates, truncated = t.truncated,
+            window_start = ?t.window_start, "producer tick"
+        );
+        if t.truncated {
+            warn!(job = %t.job, limit = MAX_PERIODS_PER_TICK,
+                  "catch-up window holds more periods than one tick enqueues; the rest follow next tick");
+        }
+    }
+}
+
+/// The producer loop: a tick every `interval` until `stop`. Database errors
+/// are logged and retried with backoff; they never end the loop. With a
+/// simulated start (`Clock::At`), simulated time advances with real time.
+pub async fn run(
+    pool: PgPool,
+    config: Config,
+    start: Clock,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let began = std::time::Instant::now();
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let clock = match start {
+            Clock::Db => Clock::Db,
+            Clock::At(t) => {
+                Clock::At(t + chrono::Duration::from_std(began.elapsed()).unwrap_or_default())
+            }
+        };
+        let wait = match tick(&pool, &config, clock).await {
+            Ok(report) => {
+                log_tick(&report);
+                delay = Duration::from_millis(200);
+                // A truncated window continues at once.
+                if report.iter().any(|t| t.truncated) {
+                    Duration::ZERO
+                } else {
+                    interval
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "producer tick failed; retrying");
+                let d = delay;
+                delay = (delay * 2).min(interval.max(Duration::from_secs(1)));
+                d
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! Schedules and business periods: which instants a cron expression fires at
+//! in a job's IANA time zone, and which business period (a date, or a local
+//! minute) each firing is about. Everything here is pure: it takes instants
+//! and zones as arguments and never reads the process's clock, local time
+//! zone or `TZ`.
+//!
+//! The DST rule: the cron expression is matched against local wall-clock
+//! times. A local time that does not exist (the clock jumps forward over it)
+//! fires once at the first valid instant after the gap; an ambiguous local
+//! time (the clock falls back over it) fires once, at its earlier occurrence.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Days, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Timelike, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+
+/// Which business period a firing is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Covers {
+    /// The local date of the firing.
+    SameDay,
+    /// The local date before the firing (settlement at 01:00 covers yesterday).
+    PreviousDay,
+    /// The firing's own local minute, for periods finer than a day
+    /// (`inventory-sync:2026-09-15T10:15`).
+    Firing,
+}
+
+impl Covers {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "same-day" => Some(Self::SameDay),
+            "previous-day" => Some(Self::PreviousDay),
+            "firing" => Some(Self::Firing),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SameDay => "same-day",
+            Self::PreviousDay => "previous-day",
+            Self::Firing => "firing",
+        }
+    }
+}
+
+/// A business period: a date, or a local minute of a date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Period {
+    pub date: NaiveDate,
+    /// Set for `covers = "firing"`: the local time, to the minute.
+    pub minute: Option<NaiveTime>,
+}
+
+impl Period {
+    pub fn day(date: NaiveDate) -> Self {
+        Self { date, minute: None }
+    }
+
+    /// The period half of a job key: `2026-09-15` or `2026-09-15T10:15`.
+    pub fn key_part(&self) -> String {
+        match self.minute {
+            None => self.date.format("%Y-%m-%d").to_string(),
+            Some(t) => format!("{}T{}", self.date.format("%Y-%m-%d"), t.format("%H:%M")),
+        }
+    }
+}
+
+/// A parsed cron expression (five fields: minute hour day-of-month month
+/// day-of-week), kept with its text.
+#[derive(Debug, Clone)]
+pub struct CronSchedule {
+    text: String,
+    cron: Cron,
+}
+
+impl PartialEq for CronSchedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl CronSchedule {
+    /// Parses a standard five-field expression; seconds and years are refused
+    /// because periods are keyed to the minute.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let fields = text.split_whitespace().count();
+        if fields != 5 {
+            return Err(format!(
+                "invalid cron expression {text:?}: expected 5 fields (minute hour day-of-month month day-of-week), found {fields}"
+            ));
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Disallowed)
+            .year(Year::Disallowed)
+            .build()
+            .parse(text)
+            .map_err(|e| format!("invalid cron expression {text:?}: {e}"))?;
+        Ok(Self {
+            text: text.to_owned(),
+            cron,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Every firing instant in `(after, upto]`, in order, at most `limit`;
+    /// the second value says whether the limit cut the list.
+    pub fn firings(
+        &self,
+        tz: Tz,
+        after: DateTime<Utc>,
+        upto: DateTime<Utc>,
+        limit: usize,
+    ) -> (Vec<DateTime<Utc>>, bool) {
+        let mut out: Vec<DateTime<Utc>> = Vec::new();
+        if upto <= after {
+            return (out, false);
+        }
+        // Walk local wall-clock times from a little before `after` (a gap
+        // can move a local time up to a few hours later), map each to its
+        // instant, and keep those in the window.
+        let start = after.with_timezone(&tz).naive_local() - chrono::Duration::hours(26);
+        let end = upto.with_timezone(&tz).naive_local() + chrono::Duration::hours(26);
+        let mut cursor: NaiveDateTime = start;
+        while let Ok(next) = self.cron.find_next_occurrence(&cursor, false) {
+            if next > end {
+                break;
+            }
+            cursor = next;
+            let instant = local_instant(next, tz);
+            if instant <= after || instant > upto {
+                continue;
+            }
+            // Several local times in one gap map to one instant: one firing.
+            if out.last() == Some(&instant) {
+                continue;
+            }
+            if out.len() == limit {
+                return (out, true);
+            }
+            out.push(instant);
+        }
+        (out, false)
+    }
+}
+
+impl FromStr for CronSchedule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+/// The instant of a local wall-clock time: the first valid instant after a
+/// DST gap, the earlier occurrence when ambiguous.
+pub fn local_instant(local: NaiveDateTime, tz: Tz) -> DateTime<Utc> {
+    if let Some(t) = tz.from_local_datetime(&local).earliest() {
+        return t.with_timezone(&Utc);
+    }
+    // Inside a gap: the first valid minute after it. Gaps are whole minutes
+    // in every zone of the tz database and at most a day (Pacific/Apia 2011).
+    let mut probe = local.with_second(0).unwrap_or(local);
+    for _ in 0..(25 * 60) {
+        probe += chrono::Duration::minutes(1);
+        if let Some(t) = tz.from_local_datetime(&probe).earliest() {
+            // The gap ends at a whole minute: its first instant.
+            return t.with_timezone(&Utc);
+        }
+    }
+    Utc.from_utc_datetime(&local)
+}
+
+/// The local business date of an instant in a zone.
+pub fn business_date(instant: DateTime<Utc>, tz: Tz) -> NaiveDate {
+    instant.with_timezone(&tz).date_naive()
+}
+
+/// The business period a firing covers.
+pub fn period_of(firing: DateTime<Utc>, tz: Tz, covers: Covers) -> Period {
+    let local = firing.with_timezone(&tz);
+    match covers {
+        Covers::SameDay => Period::day(local.date_naive()),
+        Covers::PreviousDay => Period::day(
+            local
+                .date_naive()
+                .checked_sub_days(Days::new(1))
+                .unwrap_or(local.date_naive()),
+        ),
+        Covers::Firing => Period {
+            date: local.date_naive(),
+            minute: NaiveTime::from_hms_opt(local.hour(), local.minute(), 0),
+        },
+    }
+}
+
+/// The first instant of a local date (the first valid time where local
+/// midnight falls in a gap).
+pub fn start_of_day(date: NaiveDate, tz: Tz) -> DateTime<Utc> {
+    local_instant(date.and_time(NaiveTime::MIN), tz)
+}
+
+/// `[start, end)` of a local date in UTC.
+pub fn day_bounds(date: NaiveDate, tz: Tz) -> (DateTime<Utc>, DateTime<Utc>) {
+    let next = date.checked_add_days(Days::new(1)).unwrap_or(date);
+    (start_of_day(date, tz), start_of_day(next, tz))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono_tz::America::New_York;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn daily_firing_in_seoul_covers_yesterday() {
+        let s = CronSchedule::parse("0 1 * * *").unwrap();
+        let tz = chrono_tz::Asia::Seoul;
+        let (f, cut) = s.firings(
+            tz,
+            utc("2026-09-14T00:00:00Z"),
+            utc("2026-09-16T00:00:00Z"),
+            10,
+        );
+        assert!(!cut);
+        // 01:00 KST = 16:00 UTC the day before.
+        assert_eq!(
+            f,
+            vec![utc("2026-09-14T16:00:00Z"), utc("2026-09-15T16:00:00Z")]
+        );
+        let p = period_of(f[0], tz, Covers::PreviousDay);
+        assert_eq!(p.key_part(), "2026-09-14");
+        assert_eq!(
+            period_of(f[0], tz, Covers::SameDay).key_part(),
+            "2026-09-15"
+        );
+    }
+
+    #[test]
+    fn a_missing_local_time_fires_once_after_the_gap() {
+        // 2026-03-08 02:30 does not exist in New York (02:00 → 03:00 EDT).
+        let s = CronSchedule::parse("30 2 * * *").unwrap();
+        let (f, _) = s.firings(
+            New_York,
+            utc("2026-03-07T12:00:00Z"),
+            utc("2026-03-09T12:00:00Z"),
+            10,
+        );
+        assert_eq!(
+            f,
+            vec![utc("2026-03-08T07:00:00Z"), utc("2026-03-09T06:30:00Z")]
+        );
+        assert_eq!(
+            f[0].with_timezone(&New_York).format("%H:%M").to_string(),
+            "03:00"
+        );
+    }
+
+    #[test]
+    fn an_ambiguous_local_time_fires_once() {
+        // 2026-11-01 01:30 happens twice in New York; it fires at the first.
+        let s = CronSchedule::parse("30 1 * * *").unwrap();
+        let (f, _) = s.firings(
+            New_York,
+            utc("2026-10-31T12:00:00Z"),
+            utc("2026-11-01T12:00:00Z"),
+            10,
+        );
+        assert_eq!(f, vec![utc("2026-11-01T05:30:00Z")]);
+    }
+
+    #[test]
+    fn sub_daily_periods_are_local_minutes() {
+        let s = CronSchedule::parse("*/15 * * * *").unwrap();
+        let tz = chrono_tz::Asia::Seoul;
+        let (f, _) = s.firings(
+            tz,
+            utc("2026-09-15T01:00:00Z"),
+            utc("2026-09-15T02:00:00Z"),
+            100,
+        );
+        assert_eq!(f.len(), 4);
+        assert_eq!(
+            period_of(f[0], tz, Covers::Firing).key_part(),
+            "2026-09-15T10:15"
+        );
+        // Every 15 minutes over the fall-back night: the repeated hour does
+        // not fire again, and keys stay unique.
+        let (f, _) = s.firings(
+            New_York,
+            utc("2026-11-01T04:00:00Z"),
+            utc("2026-11-01T08:00:00Z"),
+            100,
+        );
+        let keys: std::collections::BTreeSet<String> = f
+            .iter()
+            .map(|i| period_of(*i, New_York, Covers::Firing).key_part())
+            .collect();
+        assert_eq!(keys.len(), f.len());
+    }
+
+    #[test]
+    fn limits_are_reported() {
+        let s = CronSchedule::parse("* * * * *").unwrap();
+        let (f, cut) = s.firings(
+            Tz::UTC,
+            utc("2026-01-01T00:00:00Z"),
+            utc("2026-01-02T00:00:00Z"),
+            5,
+        );
+        assert_eq!(f.len(), 5);
+        assert!(cut);
+    }
+
+    #[test]
+    fn bad_expressions() {
+        for bad in [
+            "",
+            "0 1 * *",
+            "0 0 1 * * *",
+            "61 * * * *",
+            "0 25 * * *",
+            "x y z w v",
+            "0 1 * * * 2026",
+        ] {
+            assert!(CronSchedule::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ZONES: [Tz; 8] = [
+        chrono_tz::Asia::Seoul,
+        chrono_tz::America::New_York,
+        chrono_tz::Europe::Berlin,
+        chrono_tz::America::Sao_Paulo,
+        chrono_tz::Australia::Lord_Howe,
+        chrono_tz::Pacific::Apia,
+        chrono_tz::Asia::Kolkata,
+        chrono_tz::UTC,
+    ];
+
+    fn instant(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).expect("in range")
+    }
+
+    // 1970-01-01 .. 2100-01-01
+    const LO: i64 = 0;
+    const HI: i64 = 4_102_444_800;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn business_date_is_monotone(z in 0usize..8, a in LO..HI, d in 0i64..(3 * 86_400)) {
+            let tz = ZONES[z];
+            let (t1, t2) = (instant(a), instant(a + d));
+            prop_assert!(business_date(t1, tz) <= business_date(t2, tz));
+        }
+
+        #[test]
+        fn local_instant_is_monotone_and_lands_on_or_after(z in 0usize..8, a in LO..HI, d in 0i64..7200) {
+            let tz = ZONES[z];
+            let l1 = instant(a).with_timezone(&tz).naive_local();
+            let l2 = l1 + chrono::Duration::seconds(d);
+            let (i1, i2) = (local_instant(l1, tz), local_instant(l2, tz));
+            prop_assert!(i1 <= i2);
+            // An existing local time maps to itself.
+            prop_assert_eq!(i1.with_timezone(&tz).naive_local(), l1);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn a_daily_schedule_fires_once_per_local_date(
+            z in 0usize..8,
+            start in LO..(HI - 40 * 86_400),
+            hour in 0u32..24,
+            minute in 0u32..60,
+        ) {
+            let tz = ZONES[z];
+            let sched = CronSchedule::parse(&format!("{minute} {hour} * * *")).unwrap();
+            let (after, upto) = (instant(start), instant(start + 30 * 86_400));
+            let (firings, cut) = sched.firings(tz, after, upto, 1000);
+            prop_assert!(!cut);
+            // Strictly increasing instants and strictly increasing dates: at
+            // most one firing per business date.
+            for w in firings.windows(2) {
+                prop_assert!(w[0] < w[1]);
+                prop_assert!(business_date(w[0], tz) < business_date(w[1], tz));
+            }
+            // And at least one for every whole local date inside the window
+            // that exists (Apia skipped 2011-12-30 entirely).
+            let dates: std::collections::BTreeSet<NaiveDate> =
+                firings.iter().map(|f| business_date(*f, tz)).collect();
+            let first = business_date(after, tz).succ_opt().unwrap();
+            let last = business_date(upto, tz).pred_opt().unwrap();
+            for d in first.iter_days().take_while(|d| *d <= last) {
+                let (s, e) = day_bounds(d, tz);
+                if s < e && business_date(s, tz) == d {
+                    prop_assert!(dates.contains(&d), "no firing on {} in {}", d, tz.name());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The producer against real PostgreSQL: catch-up after downtime, the
+//! catch-up bound, business calendars, sub-daily periods, disabled jobs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use batchonce::config::Config;
+use batchonce::producer;
+use batchonce::queue::{self, ClaimSpec};
+use batchonce::schedule::{Covers, CronSchedule};
+use batchonce::testing::TestDb;
+use batchonce::{Clock, JobConfig, JobName};
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+fn at(s: &str) -> Clock {
+    Clock::At(DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc))
+}
+
+fn job(name: &str) -> JobName {
+    JobName::parse(name).unwrap()
+}
+
+fn settlement() -> JobConfig {
+    JobConfig {
+        timezone: chrono_tz::Asia::Seoul,
+        schedule: Some(CronSchedule::parse("0 1 * * *").unwrap()),
+        covers: Covers::PreviousDay,
+        catch_up: Duration::from_secs(7 * 86_400),
+        ..JobConfig::default()
+    }
+}
+
+fn config(jobs: Vec<(&str, JobConfig)>) -> Config {
+    let map: BTreeMap<JobName, JobConfig> = jobs.into_iter().map(|(n, c)| (job(n), c)).collect();
+    Config::defaults(&map)
+}
+
+async fn keys(pool: &PgPool) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT job_key, status FROM batch_job_run ORDER BY job_key")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn catch_up_after_downtime_enqueues_each_missed_period_once() {
+    let db = TestDb::new(&[]).await;
+    let cfg = config(vec![("daily-settlement", settlement())]);
+    // 02:00 KST on the 15th: the 01:00 firing covered the 14th.
+    let r = producer::tick(&db.pool, &cfg, at("2026-09-15T02:00:00+09:00"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r[0].enqueued.len(),
+        7,
+        "a first tick catches up the whole window"
+    );
+    assert_eq!(r[0].enqueued.last().unwrap(), "daily-settlement:2026-09-14");
+    // The same tick again: all duplicates.
+    let r = producer::tick(&db.pool, &cfg, at("2026-09-15T02:00:15+09:00"))
+        .await
+        .unwrap();
+    assert_eq!((r[0].enqueued.len(), r[0].duplicates), (0, 7));
+    // Three days of downtime, then a tick: exactly the three missed days.
+    let r = producer::tick(&db.pool, &cfg, at("2026-09-18T01:00:00+09:00"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r[0].enqueued,
+        vec![
+            "daily-settlement:2026-09-15",
+            "daily-settlement:2026-09-16",
+            "daily-settlement:2026-09-17"
+        ]
+    );
+    // Just before 01:00 the 18th's firing has not happened: nothing new.
+    let k = keys(&db.pool).await;
+    assert_eq!(k.len(), 10);
+    assert!(k.iter().all(|(_, s)| s == "PENDING"));
+}
+
+#[tokio::test]
+async fn catch_up_is_bounded_by_its_window() {
+    let db = TestDb::new(&[]).await;
+    let cfg = config(vec![("daily-settlement", settlement())]);
+    producer::tick(&db.pool, &cfg, at("2026-09-01T02:00:00+09:00"))
+        .await
+        .unwrap();
+    // 30 days down with a 7-day window: only the last 7 days are enqueued.
+    let r = producer::tick(&db.pool, &cfg, at("2026-10-01T02:00:00+09:00"))
+        .await
+        .unwrap();
+    assert_eq!(r[0].enqueued.len(), 7);
+    assert_eq!(r[0].enqueued[0], "daily-settlement:2026-09-24");
+    assert!(r[0].window_start.is_some());
+}
+
+#[tokio::test]
+async fn business_calendar_records_skipped_runs_with_the_reason() {
+    let db = TestDb::new(&[]).await;
+    let mut c = settlement();
+    c.skip_dates = vec![chrono::NaiveDate::from_ymd_opt(2026, 9, 10).unwrap()];
+    c.skip_weekdays = vec![chrono::Weekday::Sat, chrono::Weekday::Sun];
+    let cfg = config(vec![("daily-settlement", c)]);
+    let r = producer::tick(&db.pool, &cfg, at("2026-09-15T02:00:00+09:00"))
+        .await
+        .unwrap();
+    // 09-08 .. 09-14: the 10th (date), 12th and 13th (weekend) are skipped.
+    assert_eq!(
+        r[0].skipped,
+        vec![
+            "daily-settlement:2026-09-10",
+            "daily-settlement:2026-09-12",
+            "daily-settlement:2026-09-13"
+        ]
+    );
+    assert_eq!(r[0].enqueued.len(), 4);
+    let (why, finished): (String, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT error_message, finished_at FROM batch_job_run WHERE job_key = 'daily-settlement:2026-09-12'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(why.contains("skip_weekdays"), "{why}");
+    assert!(finished.is_some());
+    // Skipped runs are never claimed.
+    let spec = [ClaimSpec {
+        job: job("daily-settlement"),
+        lease_ttl: Duration::from_secs(30),
+    }];
+    let leases = queue::claim(&db.pool, "w", &spec, 100, at("2026-09-15T03:00:00+09:00"))
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 4);
+}
+
+#[tokio::test]
+async fn sub_daily_jobs_get_minute_keys_and_disabled_jobs_nothing() {
+    let db = TestDb::new(&[]).await;
+    let sync = JobConfig {
+        timezone: chrono_tz::Asia::Seoul,
+        schedule: Some(CronSchedule::parse("*/15 * * * *").unwrap()),
+        covers: Covers::Firing,
+        catch_up: Duration::from_secs(3600),
+        ..JobConfig::default()
+    };
+    let off = JobConfig {
+        enabled: false,
+        ..settlement()
+    };
+    let cfg = config(vec![("inventory-sync", sync), ("daily-settlement", off)]);
+    let r = producer::tick(&db.pool, &cfg, at("2026-09-15T10:20:00+09:00"))
+        .await
+        .unwrap();
+    assert_eq!(r.len(), 1, "the disabled job is not produced");
+    assert_eq!(
+        r[0].enqueued,
+        vec![
+            "inventory-sync:2026-09-15T09:30",
+            "inventory-sync:2026-09-15T09:45",
+            "inventory-sync:2026-09-15T10:00",
+            "inventory-sync:2026-09-15T10:15"
+        ]
+    );
+    let date: chrono::NaiveDate = sqlx::query_scalar(
+        "SELECT business_date FROM batch_job_run WHERE job_key = 'inventory-sync:2026-09-15T10:15'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(date.to_string(), "2026-09-15");
+    // enqueue-by-date for a sub-daily job takes every firing of that local date.
+    let c = cfg.job(&job("inventory-sync")).unwrap();
+    let p = producer::periods_for_dates(c, &[date]).unwrap();
+    assert_eq!(p.len(), 96);
+    assert_eq!(p[0].key_part(), "2026-09-15T00:00");
+}
+
+#[test]
+fn backfill_ranges_are_bounded() {
+    let d = |s| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+    assert_eq!(
+        producer::date_range(d("2026-09-01"), d("2026-09-03"))
+            .unwrap()
+            .len(),
+        3
+    );
+    assert!(producer::date_range(d("2026-09-03"), d("2026-09-01"))
+        .unwrap_err()
+        .contains("before"));
+    assert!(producer::date_range(d("2025-01-01"), d("2026-09-01"))
+        .unwrap_err()
+        .contains("limit is 366"));
+}
