@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::config::{parse_duration, Config};
 use crate::db;
 use crate::job::Registry;
-use crate::key::{parse_date, JobKey};
+use crate::key::{parse_date, JobKey, JobName};
 use crate::producer;
 use crate::queue::{self, RunStatus};
 use crate::worker::{self, Shutdown, WorkerOptions};
@@ -136,8 +136,36 @@ enum RunsCommand {
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
         limit: u32,
     },
-    /// One run with its attempt history.
+    /// One run with its attempt and operator history.
     Show { key: String },
+    /// RUNNING runs past their stale_after (or lease-expired under policy
+    /// hold), with evidence and a conclusion: alive-slow, dead or unknown.
+    Stale,
+    /// Marks a stale or lease-expired run FAILED, fencing its holder.
+    Fail(ActionArgs),
+    /// Puts a FAILED run back to PENDING under the same key, budget renewed
+    /// (a SUCCEEDED or SKIPPED run only with --force: a correction).
+    Rerun(ActionArgs),
+    /// Marks a PENDING or FAILED run SKIPPED.
+    Skip(ActionArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ActionArgs {
+    /// The run's job key.
+    key: String,
+    /// Why (recorded in the audit trail).
+    #[arg(long)]
+    reason: String,
+    /// Who (recorded in the audit trail with the database session user).
+    #[arg(long)]
+    operator: String,
+    /// Override the state checks (see each command).
+    #[arg(long)]
+    force: bool,
+    /// Show what would change and change nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
@@ -435,7 +463,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         }
         Command::Runs { command } => {
             let pool = db::connect(require_url(&cli)?, "batchonce-runs", 2).await?;
-            runs_command(&pool, &registry, command, cli.json).await
+            runs_command(&pool, &registry, &config, command, cli.json).await
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
@@ -474,10 +502,108 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
 async fn runs_command(
     pool: &sqlx::PgPool,
     registry: &Registry,
+    config: &Config,
     command: &RunsCommand,
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
     match command {
+        RunsCommand::Stale => {
+            let specs: Vec<queue::StaleSpec> = config
+                .jobs
+                .iter()
+                .map(|(n, c)| queue::StaleSpec {
+                    job: n.clone(),
+                    stale_after: c.stale_after,
+                    lease_ttl: c.lease_ttl,
+                    hold: c.on_lease_expiry == crate::config::LeaseExpiryPolicy::Hold,
+                })
+                .collect();
+            let stale = queue::stale_runs(pool, &specs, Clock::Db).await?;
+            if json_out {
+                println!("{}", serde_json::to_string(&stale)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if stale.is_empty() {
+                println!("no stale runs");
+            }
+            let age = |a: Option<f64>| {
+                a.map(|s| format!("{s:.0}s ago"))
+                    .unwrap_or_else(|| "never".into())
+            };
+            for r in &stale {
+                println!("{}  {}", r.job_key, r.conclusion);
+                println!(
+                    "  attempt {} by {}, running {:.0}s{}",
+                    r.attempt,
+                    r.worker_id.as_deref().unwrap_or("?"),
+                    r.running_seconds,
+                    if r.lease_expired {
+                        ", lease expired"
+                    } else {
+                        ""
+                    }
+                );
+                println!(
+                    "  last heartbeat {}; processed {} ({} since the last heartbeat)",
+                    age(r.heartbeat_age_seconds),
+                    r.processed_count,
+                    if r.advanced_since_heartbeat {
+                        "advancing"
+                    } else {
+                        "not advancing"
+                    }
+                );
+                println!(
+                    "  worker last seen {}; database session {}",
+                    age(r.worker_last_seen_age_seconds),
+                    if r.session_alive { "connected" } else { "gone" }
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Fail(a) | RunsCommand::Rerun(a) | RunsCommand::Skip(a) => {
+            let action = match command {
+                RunsCommand::Fail(_) => queue::Action::Fail,
+                RunsCommand::Rerun(_) => queue::Action::Rerun,
+                _ => queue::Action::Skip,
+            };
+            let key = JobKey::parse(&a.key)?;
+            let operator = validate_operator(&a.operator)?;
+            let reason = validate_reason(&a.reason)?;
+            let cfg = JobName::parse(key.job_name())
+                .ok()
+                .and_then(|n| config.job(&n).cloned())
+                .unwrap_or_default();
+            let req = queue::OperatorRequest {
+                action,
+                key,
+                operator,
+                reason,
+                force: a.force,
+                stale_after: cfg.stale_after,
+                max_attempts: cfg.max_attempts,
+            };
+            let result = if a.dry_run {
+                queue::preview_action(pool, &req, Clock::Db).await?
+            } else {
+                queue::apply_action(pool, &req, Clock::Db).await?
+            };
+            let outcome = result?;
+            if json_out {
+                println!("{}", serde_json::to_string(&outcome)?);
+            } else if outcome.applied {
+                println!(
+                    "{} {}: {} -> {} (audited)",
+                    outcome.action, outcome.job_key, outcome.before, outcome.after
+                );
+            } else {
+                println!(
+                    "dry run: {} {} would change {} -> {}; nothing changed",
+                    outcome.action, outcome.job_key, outcome.before, outcome.after
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         RunsCommand::List { status, job, limit } => {
             let status = match status {
                 Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
@@ -521,8 +647,12 @@ async fn runs_command(
             let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
                 bail!("no run with key {key}");
             };
+            let actions = queue::actions(pool, &key).await?;
             if json_out {
-                println!("{}", json!({"run": run, "attempts": attempts}));
+                println!(
+                    "{}",
+                    json!({"run": run, "attempts": attempts, "operator_actions": actions})
+                );
             } else {
                 println!("key:          {}", run.job_key);
                 println!("job:          {}", run.job_name);
@@ -565,6 +695,21 @@ async fn runs_command(
                         a.error_message.map(|e| format!("  ({e})")).unwrap_or_default(),
                     );
                 }
+                if !actions.is_empty() {
+                    println!("operator actions:");
+                    for a in actions {
+                        println!(
+                            "  {} {} by {} (session {}): {} -> {}: {}",
+                            a.at.to_rfc3339(),
+                            a.action,
+                            a.operator,
+                            a.session_user,
+                            a.before_status,
+                            a.after_status,
+                            a.reason
+                        );
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -600,6 +745,23 @@ async fn wait_for_schema(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+fn validate_operator(s: &str) -> anyhow::Result<String> {
+    let s = s.trim();
+    if s.is_empty() || s.chars().count() > 80 || s.chars().any(|c| c.is_control()) {
+        bail!("invalid --operator {s:?}: give who you are, 1-80 printable characters");
+    }
+    Ok(s.to_owned())
+}
+
+fn validate_reason(s: &str) -> anyhow::Result<String> {
+    let s = s.trim();
+    let n = s.chars().count();
+    if !(3..=500).contains(&n) || s.chars().any(|c| c.is_control() && c != ' ') {
+        bail!("invalid --reason: say why in 3-500 printable characters (no control characters)");
+    }
+    Ok(s.to_owned())
 }
 
 fn validate_worker_id(id: &str) -> anyhow::Result<String> {

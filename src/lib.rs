@@ -19,6 +19,7 @@ pub mod schedule;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod worker;
+pub mod worker_registry;
 
 pub use clock::Clock;
 pub use config::{Config, JobConfig};

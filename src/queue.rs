@@ -386,6 +386,7 @@ pub async fn heartbeat(
         ), extended AS (
             UPDATE batch_job_run r
             SET heartbeat_at = COALESCE($4, now()),
+                heartbeat_processed = r.processed_count,
                 lease_expires_at = COALESCE($4, now()) + make_interval(secs => h.ttl)
             FROM h, locked
             WHERE r.job_key = h.job_key AND r.job_key = locked.job_key
@@ -947,6 +948,395 @@ pub async fn status(
         expired_leases: expired,
         stale,
     })
+}
+
+/// What a job's stale check needs from its configuration.
+#[derive(Debug, Clone)]
+pub struct StaleSpec {
+    pub job: JobName,
+    pub stale_after: Duration,
+    pub lease_ttl: Duration,
+    /// Under policy `hold`, an expired lease is reported even if the run is
+    /// younger than `stale_after`.
+    pub hold: bool,
+}
+
+/// A RUNNING run past its `stale_after`, or with an expired lease under
+/// policy `hold`, with the evidence an operator needs (DESIGN.md §4.8).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StaleRun {
+    pub job_key: String,
+    pub job_name: String,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub running_seconds: f64,
+    pub lease_expired: bool,
+    pub heartbeat_age_seconds: Option<f64>,
+    pub processed_count: i64,
+    /// Whether processed_count moved since the last heartbeat.
+    pub advanced_since_heartbeat: bool,
+    pub worker_last_seen: Option<DateTime<Utc>>,
+    pub worker_last_seen_age_seconds: Option<f64>,
+    /// A session with the worker's application_name is connected now.
+    pub session_alive: bool,
+    /// `alive-slow`, `dead` or `unknown`.
+    pub conclusion: String,
+}
+
+/// Lists stale runs with evidence and a conclusion per run:
+/// `alive-slow` (its session is connected and its heartbeat is recent),
+/// `dead` (no session, no heartbeat within the lease ttl, worker not seen
+/// within it either), `unknown` (the evidence disagrees: look closer).
+pub async fn stale_runs(
+    pool: &PgPool,
+    specs: &[StaleSpec],
+    clock: Clock,
+) -> Result<Vec<StaleRun>, QueueError> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
+    let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
+    let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
+    let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH cfg AS (
+            SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bool[])
+                AS c(job_name, stale_secs, ttl_secs, hold)
+        ), t AS (SELECT COALESCE($5, now()) AS now)
+        SELECT r.job_key, r.job_name, r.attempts, r.lease_owner, r.started_at,
+               extract(epoch FROM t.now - r.started_at)::float8 AS running_seconds,
+               r.lease_expires_at <= t.now AS lease_expired,
+               extract(epoch FROM t.now - r.heartbeat_at)::float8 AS heartbeat_age,
+               r.processed_count, r.processed_count > r.heartbeat_processed AS advanced,
+               w.last_seen, extract(epoch FROM t.now - w.last_seen)::float8 AS last_seen_age,
+               EXISTS (SELECT 1 FROM pg_stat_activity a
+                       WHERE a.application_name = r.lease_owner) AS session_alive,
+               cfg.ttl_secs
+        FROM batch_job_run r
+        JOIN cfg ON cfg.job_name = r.job_name
+        CROSS JOIN t
+        LEFT JOIN batch_worker w ON w.worker_id = r.lease_owner
+        WHERE r.status = 'RUNNING'
+          AND (r.started_at < t.now - make_interval(secs => cfg.stale_secs)
+               OR (cfg.hold AND r.lease_expires_at <= t.now))
+        ORDER BY r.started_at
+        "#,
+    )
+    .bind(&names)
+    .bind(&stale)
+    .bind(&ttls)
+    .bind(&holds)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let ttl: f64 = r.try_get("ttl_secs")?;
+            let hb: Option<f64> = r.try_get("heartbeat_age")?;
+            let seen: Option<f64> = r.try_get("last_seen_age")?;
+            let alive: bool = r.try_get("session_alive")?;
+            let recent = |age: Option<f64>| age.is_some_and(|a| a < ttl);
+            let conclusion = if alive && recent(hb) {
+                "alive-slow"
+            } else if !alive && !recent(hb) && !recent(seen) {
+                "dead"
+            } else {
+                "unknown"
+            };
+            Ok(StaleRun {
+                job_key: r.try_get("job_key")?,
+                job_name: r.try_get("job_name")?,
+                attempt: r.try_get("attempts")?,
+                worker_id: r.try_get("lease_owner")?,
+                started_at: r.try_get("started_at")?,
+                running_seconds: r
+                    .try_get::<Option<f64>, _>("running_seconds")?
+                    .unwrap_or(0.0),
+                lease_expired: r
+                    .try_get::<Option<bool>, _>("lease_expired")?
+                    .unwrap_or(false),
+                heartbeat_age_seconds: hb,
+                processed_count: r.try_get("processed_count")?,
+                advanced_since_heartbeat: r.try_get("advanced")?,
+                worker_last_seen: r.try_get("last_seen")?,
+                worker_last_seen_age_seconds: seen,
+                session_alive: alive,
+                conclusion: conclusion.to_owned(),
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(QueueError::from)
+}
+
+/// An operator action (DESIGN.md §4.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// RUNNING (stale or lease-expired; any with force) or PENDING with
+    /// force → FAILED, fencing the holder.
+    Fail,
+    /// FAILED (SUCCEEDED or SKIPPED with force) → PENDING, budget renewed.
+    Rerun,
+    /// PENDING or FAILED → SKIPPED.
+    Skip,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Rerun => "rerun",
+            Self::Skip => "skip",
+        }
+    }
+
+    fn allowed(self, force: bool) -> &'static [&'static str] {
+        match (self, force) {
+            (Self::Fail, false) => &["RUNNING"],
+            (Self::Fail, true) => &["RUNNING", "PENDING"],
+            (Self::Rerun, false) => &["FAILED"],
+            (Self::Rerun, true) => &["FAILED", "SUCCEEDED", "SKIPPED"],
+            (Self::Skip, _) => &["PENDING", "FAILED"],
+        }
+    }
+
+    fn target(self) -> RunStatus {
+        match self {
+            Self::Fail => RunStatus::Failed,
+            Self::Rerun => RunStatus::Pending,
+            Self::Skip => RunStatus::Skipped,
+        }
+    }
+}
+
+/// An operator's request.
+#[derive(Debug, Clone)]
+pub struct OperatorRequest {
+    pub action: Action,
+    pub key: JobKey,
+    pub operator: String,
+    pub reason: String,
+    pub force: bool,
+    /// For `fail`: the job's `stale_after` (a RUNNING run must be older, or
+    /// its lease expired, unless forced).
+    pub stale_after: Duration,
+    /// For `rerun`: attempts granted anew.
+    pub max_attempts: u32,
+}
+
+/// What an action did (or, on a dry run, would do).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ActionOutcome {
+    pub job_key: String,
+    pub action: String,
+    pub before: String,
+    pub after: String,
+    pub applied: bool,
+}
+
+/// Why an action was refused: the run's current state, for the operator.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{action} refused for {key}: it is {status}{detail}")]
+pub struct Refused {
+    pub action: &'static str,
+    pub key: String,
+    pub status: String,
+    pub detail: String,
+}
+
+/// Checks an action against the run's current state without writing.
+pub async fn preview_action(
+    pool: &PgPool,
+    req: &OperatorRequest,
+    clock: Clock,
+) -> Result<Result<ActionOutcome, Refused>, QueueError> {
+    let mut tx = pool.begin().await?;
+    let r = check_action(&mut tx, req, clock).await?;
+    tx.rollback().await?;
+    Ok(r.map(|before| ActionOutcome {
+        job_key: req.key.to_string(),
+        action: req.action.as_str().into(),
+        before,
+        after: req.action.target().as_str().into(),
+        applied: false,
+    }))
+}
+
+async fn check_action(
+    tx: &mut PgConnection,
+    req: &OperatorRequest,
+    clock: Clock,
+) -> Result<Result<String, Refused>, QueueError> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "SELECT status, (lease_expires_at <= COALESCE($3, now())                  OR started_at < COALESCE($3, now()) - make_interval(secs => $2)) IS TRUE          FROM batch_job_run WHERE job_key = $1 FOR UPDATE",
+    )
+    .bind(req.key.as_str())
+    .bind(req.stale_after.as_secs_f64())
+    .bind(clock.bind())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, stale)) = row else {
+        return Err(QueueError::Invalid(format!("no run with key {}", req.key)));
+    };
+    let refuse = |detail: String| Refused {
+        action: req.action.as_str(),
+        key: req.key.to_string(),
+        status: status.clone(),
+        detail,
+    };
+    let allowed = req.action.allowed(req.force);
+    if !allowed.contains(&status.as_str()) {
+        let hint = match (req.action, status.as_str()) {
+            (Action::Rerun, "SUCCEEDED" | "SKIPPED") => {
+                "; re-running it is a correction: add --force"
+            }
+            (Action::Fail, "PENDING") => "; add --force to fail a run that has not started",
+            _ => "",
+        };
+        return Ok(Err(refuse(format!(
+            " (allowed from {}){hint}",
+            allowed.join(" or ")
+        ))));
+    }
+    if req.action == Action::Fail && status == "RUNNING" && !stale && !req.force {
+        return Ok(Err(refuse(
+            " with a live lease and not past stale_after; check `runs stale`, or add --force"
+                .into(),
+        )));
+    }
+    Ok(Ok(status))
+}
+
+/// Applies an operator action: one conditional UPDATE of the run plus its
+/// audit row, in one transaction. Of two operators acting at once, exactly
+/// one succeeds; the other is refused with the state the first left.
+pub async fn apply_action(
+    pool: &PgPool,
+    req: &OperatorRequest,
+    clock: Clock,
+) -> Result<Result<ActionOutcome, Refused>, QueueError> {
+    let mut tx = pool.begin().await?;
+    let before = match check_action(&mut tx, req, clock).await? {
+        Ok(b) => b,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    let allowed: Vec<&str> = req.action.allowed(req.force).to_vec();
+    let message = truncate(&format!(
+        "{} by operator {}: {}",
+        match req.action {
+            Action::Fail => "failed",
+            Action::Rerun => "re-run",
+            Action::Skip => "skipped",
+        },
+        req.operator,
+        req.reason
+    ));
+    // check_action locked the row, so this cannot miss; the WHERE repeats
+    // the expected state all the same.
+    let updated: Option<String> = sqlx::query_scalar(
+        r#"
+        WITH upd AS (
+            UPDATE batch_job_run r
+            SET status = $3,
+                finished_at = CASE WHEN $3 = 'PENDING' THEN NULL ELSE COALESCE($5, now()) END,
+                next_run_at = CASE WHEN $3 = 'PENDING' THEN COALESCE($5, now()) ELSE r.next_run_at END,
+                lease_token = CASE WHEN r.status = 'RUNNING' THEN nextval('batch_lease_token_seq')
+                                   ELSE r.lease_token END,
+                lease_expires_at = NULL,
+                max_attempts = CASE WHEN $3 = 'PENDING'
+                                    THEN LEAST(r.attempts + $6, 1000) ELSE r.max_attempts END,
+                error_message = $4
+            WHERE r.job_key = $1 AND r.status = ANY($2)
+            RETURNING r.job_key, r.lease_token
+        ), attempt AS (
+            UPDATE batch_job_attempt a
+            SET finished_at = COALESCE($5, now()), outcome = 'operator_failed', error_message = $4
+            FROM upd
+            WHERE a.job_key = upd.job_key AND a.finished_at IS NULL AND $3 = 'FAILED'
+        )
+        SELECT job_key FROM upd
+        "#,
+    )
+    .bind(req.key.as_str())
+    .bind(&allowed)
+    .bind(req.action.target().as_str())
+    .bind(&message)
+    .bind(clock.bind())
+    .bind(req.max_attempts as i32)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if updated.is_none() {
+        tx.rollback().await?;
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+                .bind(req.key.as_str())
+                .fetch_one(pool)
+                .await?;
+        return Ok(Err(Refused {
+            action: req.action.as_str(),
+            key: req.key.to_string(),
+            status,
+            detail: " (another action changed it first)".into(),
+        }));
+    }
+    sqlx::query(
+        "INSERT INTO batch_operator_action          (at, operator, action, job_key, reason, before_status, after_status)          VALUES (COALESCE($1, now()), $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(clock.bind())
+    .bind(req.operator.as_str())
+    .bind(req.action.as_str())
+    .bind(req.key.as_str())
+    .bind(req.reason.as_str())
+    .bind(before.as_str())
+    .bind(req.action.target().as_str())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(ActionOutcome {
+        job_key: req.key.to_string(),
+        action: req.action.as_str().into(),
+        before,
+        after: req.action.target().as_str().into(),
+        applied: true,
+    }))
+}
+
+/// One audited operator action, for `runs show`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ActionView {
+    pub at: DateTime<Utc>,
+    pub operator: String,
+    pub session_user: String,
+    pub action: String,
+    pub reason: String,
+    pub before_status: String,
+    pub after_status: String,
+}
+
+/// The operator history of a run, oldest first.
+pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, QueueError> {
+    let rows = sqlx::query(
+        "SELECT at, operator, session_user_name, action, reason, before_status, after_status          FROM batch_operator_action WHERE job_key = $1 ORDER BY id",
+    )
+    .bind(key.as_str())
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ActionView {
+                at: r.try_get("at")?,
+                operator: r.try_get("operator")?,
+                session_user: r.try_get("session_user_name")?,
+                action: r.try_get("action")?,
+                reason: r.try_get("reason")?,
+                before_status: r.try_get("before_status")?,
+                after_status: r.try_get("after_status")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(QueueError::from)
 }
 
 /// The job name of `preflight`'s scratch runs; only these can be deleted.

@@ -20,6 +20,10 @@ use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
 use crate::job::{JobContext, JobError, Outcome, Progress, Registry};
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
+use crate::worker_registry;
+
+/// Recorded in `batch_worker.version`.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// How a worker process behaves.
 #[derive(Debug, Clone)]
@@ -115,6 +119,10 @@ pub async fn run(
         signals: signals.clone(),
         clock: Clock::Db,
     });
+    if let Err(e) = worker_registry::register(&pool, &opts.worker_id, VERSION).await {
+        // The heartbeat loop re-registers once the database answers.
+        warn!(error = %e, "could not register the worker yet");
+    }
     let stopped = CancellationToken::new();
     let wake = Arc::new(Notify::new());
     let mut services = JoinSet::new();
@@ -211,6 +219,9 @@ pub async fn run(
     }
     stopped.cancel();
     while services.join_next().await.is_some() {}
+    if let Err(e) = worker_registry::deregister(&pool, &opts.worker_id).await {
+        warn!(error = %e, "could not deregister the worker");
+    }
     info!(worker_id = %opts.worker_id, "worker stopped");
 }
 
@@ -410,6 +421,9 @@ async fn heartbeat_loop(
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stopped.cancelled() => return,
+        }
+        if let Err(e) = worker_registry::touch(&pool, &shared.opts.worker_id, VERSION).await {
+            warn!(error = %e, "could not refresh last_seen");
         }
         let snapshot: Vec<HeldLease> = lock(&shared.held)
             .iter()
