@@ -183,8 +183,14 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
     assert_eq!(s[0]["conclusion"], "dead", "{s:?}");
     assert_eq!(s[0]["session_alive"], false);
     assert_eq!(s[0]["lease_expired"], true);
-    assert!(s[0]["heartbeat_age_seconds"].as_f64().unwrap() >= 2.0, "{s:?}");
-    assert!(s[0]["worker_last_seen_age_seconds"].as_f64().unwrap() >= 2.0, "{s:?}");
+    assert!(
+        s[0]["heartbeat_age_seconds"].as_f64().unwrap() >= 2.0,
+        "{s:?}"
+    );
+    assert!(
+        s[0]["worker_last_seen_age_seconds"].as_f64().unwrap() >= 2.0,
+        "{s:?}"
+    );
 
     // Dry run first: nothing changes.
     let out = run(
@@ -269,6 +275,55 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
     let attempts = shown["attempts"].as_array().unwrap();
     assert_eq!(attempts[0]["outcome"], "operator_failed");
     assert_eq!(attempts.last().unwrap()["outcome"], "succeeded");
+    // A correction: re-running a SUCCEEDED run needs --force and rewrites nothing.
+    let out = run(
+        &db,
+        Some(&cfg),
+        &[
+            "runs",
+            "rerun",
+            KEY,
+            "--reason",
+            "recheck totals",
+            "--operator",
+            "carol",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("add --force"));
+    let out = run(
+        &db,
+        Some(&cfg),
+        &[
+            "runs",
+            "rerun",
+            KEY,
+            "--reason",
+            "recheck totals",
+            "--operator",
+            "carol",
+            "--force",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        "the correction succeeded",
+        Duration::from_secs(60),
+        || async { status(&db.pool).await.0 == "SUCCEEDED" },
+    )
+    .await;
+    let v = settlement::verify(
+        &db.pool,
+        chrono_tz::Asia::Seoul,
+        NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(v.ok && v.items == 1200 && v.duplicates == 0, "{}", v.detail);
+    assert_eq!(audit_rows(&db.pool).await, 3);
     // The worker registry: the killed worker's row stayed, the live one is there.
     let workers: Vec<String> = sqlx::query_scalar("SELECT worker_id FROM batch_worker ORDER BY 1")
         .fetch_all(&db.pool)
