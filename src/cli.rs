@@ -55,7 +55,8 @@ enum Command {
     Demo,
     /// Applies the migrations of the engine and of every job kind.
     Migrate,
-    /// Enqueues one run: prints `enqueued KEY` or `duplicate KEY`.
+    /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
+    /// `duplicate KEY` or `skipped KEY (reason)` per run.
     Enqueue {
         /// Job name, e.g. daily-settlement.
         job: String,

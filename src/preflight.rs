@@ -93,9 +93,18 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
     let mut claimed = 0;
     let mut failed = 0;
     for c in children {
-        let out = tokio::time::timeout(Duration::from_secs(60), c.wait_with_output())
-            .await
-            .context("a racer did not finish within 60s")??;
+        let out = match tokio::time::timeout(Duration::from_secs(60), c.wait_with_output()).await {
+            Ok(Ok(out)) => out,
+            // Clean up before reporting: the scratch run must not stay behind.
+            Ok(Err(e)) => {
+                queue::delete_preflight_run(&pool, &key).await?;
+                return Err(e).context("a racer process failed");
+            }
+            Err(_) => {
+                queue::delete_preflight_run(&pool, &key).await?;
+                bail!("a racer did not finish within 60s; scratch run removed");
+            }
+        };
         let v: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
         match v {
             Some(v) if out.status.success() => {

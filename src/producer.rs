@@ -180,8 +180,10 @@ pub fn log_tick(report: &[JobTick]) {
             window_start = ?t.window_start, "producer tick"
         );
         if t.truncated {
+            // Config validation bounds catch_up so this cannot happen; if it
+            // does, the newest periods are the ones missing.
             warn!(job = %t.job, limit = MAX_PERIODS_PER_TICK,
-                  "catch-up window holds more periods than one tick enqueues; the rest follow next tick");
+                  "catch-up window holds more periods than one tick enqueues; shorten catch_up");
         }
     }
 }
@@ -209,12 +211,7 @@ pub async fn run(
             Ok(report) => {
                 log_tick(&report);
                 delay = Duration::from_millis(200);
-                // A truncated window continues at once.
-                if report.iter().any(|t| t.truncated) {
-                    Duration::ZERO
-                } else {
-                    interval
-                }
+                interval
             }
             Err(e) => {
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "producer tick failed; retrying");
