@@ -81,6 +81,9 @@ enum Command {
         /// Simulate this moment (RFC 3339) instead of the database clock.
         #[arg(long, value_parser = instant_arg)]
         now: Option<chrono::DateTime<chrono::Utc>>,
+        /// Serve /metrics, /healthz and /readyz here (not with --once).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
     },
     /// Pre-deploy check: processes race for one scratch key; exactly one must win.
     Preflight {
@@ -114,6 +117,18 @@ enum Command {
         /// Do not LISTEN for enqueue notifications (poll only).
         #[arg(long)]
         no_listen: bool,
+        /// Serve /metrics, /healthz and /readyz here.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
+    },
+    /// Publishes the database-derived gauges (one per deployment).
+    Exporter {
+        /// How often to read the database.
+        #[arg(long, default_value = "15s", value_parser = duration_arg)]
+        interval: Duration,
+        /// Serve /metrics, /healthz and /readyz here.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
     },
     /// Inspects runs.
     Runs {
@@ -249,7 +264,9 @@ pub fn main(registry: Registry) -> ExitCode {
 fn init_logging(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
     let default = match cli.command {
-        Command::Worker { .. } | Command::Produce { once: false, .. } => "info",
+        Command::Worker { .. }
+        | Command::Exporter { .. }
+        | Command::Produce { once: false, .. } => "info",
         _ => "warn",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
@@ -360,10 +377,24 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Exporter {
+            interval,
+            metrics_addr,
+        } => {
+            let url = require_url(&cli)?;
+            let pool = db::connect_lazy(url, "batchonce-exporter", 2)?;
+            let signals = Shutdown::default();
+            spawn_signal_handler(signals.clone())?;
+            let server = spawn_metrics(*metrics_addr, &pool, &signals);
+            crate::exporter::run(pool, config, *interval, signals.shutdown.clone()).await;
+            let _ = server.await;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Produce {
             once,
             interval,
             now,
+            metrics_addr,
         } => {
             let url = require_url(&cli)?;
             let clock = now.map(Clock::At).unwrap_or(Clock::Db);
@@ -390,7 +421,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                             t.skipped.len(),
                             t.duplicates,
                             if t.truncated {
-                                " (window truncated; run again)"
+                                " (window truncated: shorten catch_up)"
                             } else {
                                 ""
                             }
@@ -405,11 +436,13 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             let pool = db::connect_lazy(url, "batchonce-producer", 2)?;
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;
+            let server = spawn_metrics(*metrics_addr, &pool, &signals);
             tracing::info!(
                 interval_ms = interval.as_millis() as u64,
                 "producer started"
             );
             producer::run(pool, config, clock, *interval, signals.shutdown.clone()).await;
+            let _ = server.await;
             tracing::info!("producer stopped");
             Ok(ExitCode::SUCCESS)
         }
@@ -433,6 +466,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             grace,
             poll_interval,
             no_listen,
+            metrics_addr,
         } => {
             let url = require_url(&cli)?;
             let worker_id = match worker_id {
@@ -451,7 +485,9 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             let heartbeat_pool = db::connect_worker(url, &worker_id, 1, idle_tx)?;
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;
+            let server = spawn_metrics(*metrics_addr, &pool, &signals);
             if !wait_for_schema(&pool, &registry, &signals).await? {
+                let _ = server.await;
                 return Ok(ExitCode::SUCCESS);
             }
             let mut opts = WorkerOptions::new(worker_id);
@@ -459,7 +495,18 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             opts.grace = *grace;
             opts.poll_interval = *poll_interval;
             opts.listen = !no_listen;
-            worker::run(registry, config, pool, heartbeat_pool, opts, signals).await;
+            worker::run(
+                registry,
+                config,
+                pool,
+                heartbeat_pool,
+                opts,
+                signals.clone(),
+            )
+            .await;
+            // The worker returns only after a shutdown signal; stop serving too.
+            signals.shutdown.cancel();
+            let _ = server.await;
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs { command } => {
@@ -788,6 +835,32 @@ fn default_worker_id() -> String {
         .take(40)
         .collect();
     format!("{host}-{}", std::process::id())
+}
+
+/// Serves metrics until shutdown; `/readyz` turns ready once the database
+/// answers.
+fn spawn_metrics(
+    addr: std::net::SocketAddr,
+    pool: &sqlx::PgPool,
+    signals: &Shutdown,
+) -> tokio::task::JoinHandle<()> {
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pool, flag, stop) = (pool.clone(), ready.clone(), signals.shutdown.clone());
+    tokio::spawn(async move {
+        loop {
+            let ok = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+            flag.store(ok, std::sync::atomic::Ordering::Relaxed);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(if ok { 10 } else { 1 })) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    tokio::spawn(crate::telemetry::serve(
+        addr,
+        ready,
+        signals.shutdown.clone(),
+    ))
 }
 
 /// SIGTERM/SIGINT start a graceful shutdown; a second one aborts at once.

@@ -358,12 +358,14 @@ fn apply_job_table(
     if cfg.backoff_max > Duration::from_secs(7 * 86_400) {
         return Err(bound("backoff_max", "must be at most 7d"));
     }
-    if let Some(sched) = &cfg.schedule {
+    if let (Some(sched), Covers::Firing) = (&cfg.schedule, cfg.covers) {
         // One tick enqueues the whole window in one statement, so the window
-        // must hold a bounded number of periods. Count a sample of two days.
-        let t0 = chrono::DateTime::from_timestamp(1_767_225_600, 0).unwrap_or_default();
-        let (sample, _) = sched.firings(cfg.timezone, t0, t0 + chrono::Duration::days(2), 10_000);
-        let per_day = sample.len() as f64 / 2.0;
+        // must hold a bounded number of periods. Count a sample week (from a
+        // Monday), since a schedule may fire on some weekdays only. Daily
+        // covers make at most one period a day, well under the bound.
+        let t0 = chrono::DateTime::from_timestamp(1_767_571_200, 0).unwrap_or_default();
+        let (sample, _) = sched.firings(cfg.timezone, t0, t0 + chrono::Duration::days(7), 100_000);
+        let per_day = sample.len() as f64 / 7.0;
         let periods = per_day * cfg.catch_up.as_secs_f64() / 86_400.0;
         if periods > crate::producer::MAX_PERIODS_PER_TICK as f64 {
             return Err(bound(
@@ -537,9 +539,11 @@ on_lease_expiry = "hold"
         assert!(err("[jobs.daily-settlement]\nenabled = \"yes\"")
             .contains("`jobs.daily-settlement.enabled`: expected true or false"));
         assert!(
-            err("[jobs.daily-settlement]\nschedule = \"* * * * *\"\ncatch_up = \"30d\"")
+            err("[jobs.daily-settlement]\nschedule = \"* * * * *\"\ncovers = \"firing\"\ncatch_up = \"30d\"")
                 .contains("`jobs.daily-settlement.catch_up`: holds about 43200 periods")
         );
+        assert!(err("[jobs.daily-settlement]\nschedule = \"* * * * 1\"\ncovers = \"firing\"\ncatch_up = \"400d\"")
+            .contains("`jobs.daily-settlement.catch_up`: holds about"));
         assert!(err("jobs = 3").contains("`jobs`: must be a table"));
         assert!(err("[jobs.nightly]\n")
             .contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));

@@ -201,6 +201,10 @@ impl JobContext {
         let (p, f) = tx.commit().await?;
         self.progress.processed.fetch_add(p, Ordering::Relaxed);
         self.progress.failed.fetch_add(f, Ordering::Relaxed);
+        let job = self.job.to_string();
+        metrics::counter!(crate::telemetry::ITEMS_PROCESSED, "job" => job.clone())
+            .increment(p.max(0) as u64);
+        metrics::counter!(crate::telemetry::ITEMS_FAILED, "job" => job).increment(f.max(0) as u64);
         Ok(())
     }
 

@@ -10,12 +10,14 @@ pub mod config;
 pub mod db;
 mod demo;
 pub mod embedded;
+pub mod exporter;
 pub mod job;
 pub mod key;
 mod preflight;
 pub mod producer;
 pub mod queue;
 pub mod schedule;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod worker;

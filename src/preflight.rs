@@ -89,20 +89,36 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
                 .context("cannot start a racer process")?,
         );
     }
+    // One deadline for the whole race. On a timeout the racers are dropped,
+    // which kills them (kill_on_drop), before the scratch run is removed, so
+    // none can re-create it afterwards.
+    let outputs = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut outs = Vec::new();
+        for c in children {
+            outs.push(c.wait_with_output().await);
+        }
+        outs
+    })
+    .await;
+    let Ok(outputs) = outputs else {
+        let removed = queue::delete_preflight_run(&pool, &key).await;
+        bail!(
+            "the racers did not finish within 60s (scratch run removed: {})",
+            removed
+                .map(|n| n.to_string())
+                .unwrap_or_else(|e| e.to_string())
+        );
+    };
     let mut enqueued = 0;
     let mut claimed = 0;
     let mut failed = 0;
-    for c in children {
-        let out = match tokio::time::timeout(Duration::from_secs(60), c.wait_with_output()).await {
-            Ok(Ok(out)) => out,
-            // Clean up before reporting: the scratch run must not stay behind.
-            Ok(Err(e)) => {
-                queue::delete_preflight_run(&pool, &key).await?;
-                return Err(e).context("a racer process failed");
-            }
-            Err(_) => {
-                queue::delete_preflight_run(&pool, &key).await?;
-                bail!("a racer did not finish within 60s; scratch run removed");
+    for out in outputs {
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  a racer could not be awaited: {e}");
+                continue;
             }
         };
         let v: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();

@@ -171,8 +171,11 @@ pub async fn tick(
         .collect())
 }
 
-/// Logs one tick's report.
+/// Logs and counts one tick's report.
 pub fn log_tick(report: &[JobTick]) {
+    metrics::counter!(crate::telemetry::PRODUCER_TICKS).increment(1);
+    metrics::gauge!(crate::telemetry::PRODUCER_LAST_TICK)
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
     for t in report {
         info!(
             job = %t.job, enqueued = t.enqueued.len(), skipped = t.skipped.len(),

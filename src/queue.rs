@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use crate::clock::Clock;
 use crate::key::{JobKey, JobName};
+use crate::telemetry;
 
 /// The channel `enqueue` notifies so idle workers wake at once.
 pub const NOTIFY_CHANNEL: &str = "batchonce_run";
@@ -214,9 +215,12 @@ pub async fn enqueue(
     let mut report = EnqueueReport::default();
     let mut reported = HashSet::new();
     for k in order {
+        let job = k.job_name().to_owned();
         if inserted.contains(k.as_str()) && reported.insert(k.clone()) {
+            metrics::counter!(telemetry::RUNS_ENQUEUED, "job" => job).increment(1);
             report.enqueued.push(k);
         } else {
+            metrics::counter!(telemetry::RUNS_DEDUPLICATED, "job" => job).increment(1);
             report.duplicates.push(k);
         }
     }
@@ -297,6 +301,7 @@ pub async fn claim(
                 lease_owner = $4,
                 lease_expires_at = COALESCE($5, now()) + make_interval(secs => cfg.ttl),
                 heartbeat_at = COALESCE($5, now()),
+                heartbeat_processed = r.processed_count,
                 started_at = COALESCE($5, now()),
                 finished_at = NULL
             FROM picked, cfg
@@ -1013,7 +1018,8 @@ pub async fn stale_runs(
                r.processed_count, r.processed_count > r.heartbeat_processed AS advanced,
                w.last_seen, extract(epoch FROM t.now - w.last_seen)::float8 AS last_seen_age,
                EXISTS (SELECT 1 FROM pg_stat_activity a
-                       WHERE a.application_name = r.lease_owner) AS session_alive,
+                       WHERE a.application_name = r.lease_owner
+                         AND a.datname = current_database()) AS session_alive,
                cfg.ttl_secs
         FROM batch_job_run r
         JOIN cfg ON cfg.job_name = r.job_name
@@ -1337,6 +1343,85 @@ pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, Que
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(QueueError::from)
+}
+
+/// Database-derived gauges for one job (the exporter's view).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobGauges {
+    pub runs: Vec<(String, i64)>,
+    pub oldest_pending_seconds: f64,
+    pub stale: i64,
+    pub last_success_unix: f64,
+    pub current_attempts: i64,
+    pub expired_leases: i64,
+}
+
+/// Reads every gauge the exporter publishes, for each given job, in one
+/// statement (jobs with no runs get zeros, so alerts see a series).
+pub async fn gauges(
+    pool: &PgPool,
+    specs: &[StaleSpec],
+    clock: Clock,
+) -> Result<Vec<(JobName, JobGauges)>, QueueError> {
+    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
+    let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
+    let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
+    let rows = sqlx::query(
+        r#"
+        WITH cfg AS (
+            SELECT * FROM unnest($1::text[], $2::float8[], $3::bool[]) AS c(job_name, stale_secs, hold)
+        ), t AS (SELECT COALESCE($4, now()) AS now)
+        SELECT cfg.job_name,
+          (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb) FROM
+             (SELECT status, count(*) AS n FROM batch_job_run r
+              WHERE r.job_name = cfg.job_name GROUP BY status) s) AS runs,
+          (SELECT coalesce(extract(epoch FROM t.now - min(next_run_at)), 0)::float8
+             FROM batch_job_run r WHERE r.job_name = cfg.job_name
+              AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
+          (SELECT count(*) FROM batch_job_run r WHERE r.job_name = cfg.job_name
+              AND status = 'RUNNING'
+              AND (started_at < t.now - make_interval(secs => cfg.stale_secs)
+                   OR (cfg.hold AND lease_expires_at <= t.now))) AS stale,
+          (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
+             FROM batch_job_run r WHERE r.job_name = cfg.job_name
+              AND status = 'SUCCEEDED') AS last_success,
+          (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
+             WHERE r.job_name = cfg.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
+          (SELECT count(*) FROM batch_job_run r WHERE r.job_name = cfg.job_name
+              AND status = 'RUNNING' AND lease_expires_at <= t.now) AS expired
+        FROM cfg CROSS JOIN t
+        "#,
+    )
+    .bind(&names)
+    .bind(&stale)
+    .bind(&holds)
+    .bind(clock.bind())
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let name: String = r.try_get("job_name")?;
+            let runs: serde_json::Value = r.try_get("runs")?;
+            let runs = RunStatus::ALL
+                .iter()
+                .map(|st| {
+                    let n = runs.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
+                    (st.as_str().to_owned(), n)
+                })
+                .collect();
+            Ok((
+                JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
+                JobGauges {
+                    runs,
+                    oldest_pending_seconds: r.try_get("oldest")?,
+                    stale: r.try_get("stale")?,
+                    last_success_unix: r.try_get("last_success")?,
+                    current_attempts: r.try_get("attempts")?,
+                    expired_leases: r.try_get("expired")?,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// The job name of `preflight`'s scratch runs; only these can be deleted.

@@ -20,6 +20,7 @@ use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
 use crate::job::{JobContext, JobError, Outcome, Progress, Registry};
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
+use crate::telemetry;
 use crate::worker_registry;
 
 /// Recorded in `batch_worker.version`.
@@ -317,6 +318,21 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         End::Handler(Err(JobError::Cancelled)) | End::Aborted => Some(Finish::Release),
     };
     let elapsed_ms = started.elapsed().as_millis() as u64;
+    let job = lease.job.to_string();
+    let record = |outcome: &'static str| {
+        metrics::counter!(telemetry::ATTEMPTS, "job" => job.clone(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!(telemetry::RUN_DURATION, "job" => job.clone(), "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+    };
+    match &finish {
+        None => {
+            record("lease_lost");
+            metrics::counter!(telemetry::LEASES_LOST, "job" => job.clone()).increment(1);
+        }
+        Some(Finish::Release) => record("released"),
+        Some(_) => {}
+    }
     match finish {
         None => warn!(
             job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
@@ -325,7 +341,13 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
             outcome = "lease_lost", "run stopped: lease lost, nothing more is written"
         ),
         Some(Finish::Release) => release(&shared, &lease, counts).await,
-        Some(f) => finish_with_retries(&shared, &lease, &f, counts, &lost, elapsed_ms).await,
+        Some(f) => {
+            if let Some(status) =
+                finish_with_retries(&shared, &lease, &f, counts, &lost, elapsed_ms).await
+            {
+                record(outcome_name(&f, status));
+            }
+        }
     }
     lock(&shared.held).remove(&lease.key);
 }
@@ -337,7 +359,9 @@ async fn finish_with_retries(
     counts: AttemptCounts,
     lost: &CancellationToken,
     elapsed_ms: u64,
-) {
+) -> Option<queue::RunStatus> {
+    let started_at =
+        (chrono::Utc::now() - chrono::Duration::milliseconds(elapsed_ms as i64)).to_rfc3339();
     let mut backoff = Backoff::new();
     loop {
         match queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await {
@@ -351,15 +375,18 @@ async fn finish_with_retries(
                     job_key = %lease.key, business_date = %lease.business_date,
                     attempt = lease.attempt, worker_id = %shared.opts.worker_id,
                     lease_token = lease.token, processed = counts.processed,
-                    failed = counts.failed, elapsed_ms, status = %status,
+                    failed = counts.failed, elapsed_ms, started_at = %started_at,
+                    finished_at = %chrono::Utc::now().to_rfc3339(), status = %status,
                     outcome = outcome_name(finish, status), error, "run finished"
                 );
-                return;
+                return Some(status);
             }
             Err(QueueError::LeaseLost(_)) => {
                 warn!(job_key = %lease.key, attempt = lease.attempt, outcome = "lease_lost",
                       "finish refused: lease lost; the run belongs to someone else now");
-                return;
+                metrics::counter!(telemetry::LEASES_LOST, "job" => lease.job.to_string())
+                    .increment(1);
+                return None;
             }
             Err(e) if e.is_transient() && !lost.is_cancelled() => {
                 let delay = backoff.next();
@@ -373,7 +400,7 @@ async fn finish_with_retries(
             Err(e) => {
                 error!(job_key = %lease.key, error = %e,
                        "finish failed; the lease will expire and the run be recovered");
-                return;
+                return None;
             }
         }
     }
@@ -422,8 +449,17 @@ async fn heartbeat_loop(
             _ = tokio::time::sleep(every) => {}
             _ = stopped.cancelled() => return,
         }
-        if let Err(e) = worker_registry::touch(&pool, &shared.opts.worker_id, VERSION).await {
-            warn!(error = %e, "could not refresh last_seen");
+        // Bounded like the heartbeat: a hung database must not stall the
+        // loop, or self-fencing below would never run.
+        match tokio::time::timeout(
+            every,
+            worker_registry::touch(&pool, &shared.opts.worker_id, VERSION),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "could not refresh last_seen"),
+            Err(_) => warn!("refreshing last_seen timed out"),
         }
         let snapshot: Vec<HeldLease> = lock(&shared.held)
             .iter()
@@ -457,6 +493,10 @@ async fn heartbeat_loop(
                 (min_ttl / 2).as_millis()
             ))),
         };
+        match &result {
+            Ok(_) => metrics::counter!(telemetry::HEARTBEATS).increment(1),
+            Err(_) => metrics::counter!(telemetry::HEARTBEAT_FAILURES).increment(1),
+        }
         let mut held = lock(&shared.held);
         match result {
             Ok(report) => {
@@ -505,6 +545,8 @@ async fn rescue_loop(
         match queue::recover_expired(&pool, &retry_jobs, Clock::Db).await {
             Ok(recovered) => {
                 for r in &recovered {
+                    metrics::counter!(telemetry::LEASES_RECOVERED, "job" => r.key.job_name().to_owned())
+                        .increment(1);
                     warn!(job_key = %r.key, previous_owner = r.previous_owner.as_deref().unwrap_or("?"),
                           status = %r.status, outcome = "lease_expired",
                           "lease expired; run recovered with a new token");

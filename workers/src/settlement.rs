@@ -53,6 +53,21 @@ impl Job for DailySettlement {
 
     async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
         let (start, end) = day_bounds(ctx.business_date, ctx.config.timezone);
+        // Bad source data fails the run at once: retrying cannot fix it, and
+        // settling a negative amount would move money the wrong way.
+        let negative: Option<i64> = sqlx::query_scalar(
+            "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
+             ORDER BY order_id LIMIT 1",
+        )
+        .bind(start)
+        .bind(end)
+        .fetch_optional(ctx.pool())
+        .await?;
+        if let Some(id) = negative {
+            return Err(JobError::Fatal(format!(
+                "order {id} has a negative amount; fix the source, then `batchonce runs rerun`"
+            )));
+        }
         let chunk = i64::from(ctx.config.chunk_size);
         let mut after = i64::MIN;
         let mut first = true;
