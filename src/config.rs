@@ -358,11 +358,11 @@ fn apply_job_table(
     if cfg.backoff_max > Duration::from_secs(7 * 86_400) {
         return Err(bound("backoff_max", "must be at most 7d"));
     }
-    if let (Some(sched), Covers::Firing) = (&cfg.schedule, cfg.covers) {
-        // One tick enqueues the whole window in one statement, so the window
-        // must hold a bounded number of periods. Count a sample week (from a
-        // Monday), since a schedule may fire on some weekdays only. Daily
-        // covers make at most one period a day, well under the bound.
+    if let Some(sched) = &cfg.schedule {
+        // One tick walks every firing of the window and enqueues its periods
+        // in one statement, so the window must hold a bounded number of
+        // firings (whatever periods they cover). Count a sample week (from a
+        // Monday), since a schedule may fire on some weekdays only.
         let t0 = chrono::DateTime::from_timestamp(1_767_571_200, 0).unwrap_or_default();
         let (sample, _) = sched.firings(cfg.timezone, t0, t0 + chrono::Duration::days(7), 100_000);
         let per_day = sample.len() as f64 / 7.0;
@@ -371,7 +371,7 @@ fn apply_job_table(
             return Err(bound(
                 "catch_up",
                 &format!(
-                    "holds about {periods:.0} periods of this schedule; the limit is {}: shorten it",
+                    "holds about {periods:.0} firings of this schedule; the limit is {}: shorten it",
                     crate::producer::MAX_PERIODS_PER_TICK
                 ),
             ));
@@ -540,7 +540,7 @@ on_lease_expiry = "hold"
             .contains("`jobs.daily-settlement.enabled`: expected true or false"));
         assert!(
             err("[jobs.daily-settlement]\nschedule = \"* * * * *\"\ncovers = \"firing\"\ncatch_up = \"30d\"")
-                .contains("`jobs.daily-settlement.catch_up`: holds about 43200 periods")
+                .contains("`jobs.daily-settlement.catch_up`: holds about 43200 firings")
         );
         assert!(err("[jobs.daily-settlement]\nschedule = \"* * * * 1\"\ncovers = \"firing\"\ncatch_up = \"400d\"")
             .contains("`jobs.daily-settlement.catch_up`: holds about"));

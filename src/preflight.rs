@@ -90,8 +90,7 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
         );
     }
     // One deadline for the whole race. On a timeout the racers are dropped,
-    // which kills them (kill_on_drop), before the scratch run is removed, so
-    // none can re-create it afterwards.
+    // which kills them (kill_on_drop), before the scratch run is removed.
     let outputs = tokio::time::timeout(Duration::from_secs(60), async {
         let mut outs = Vec::new();
         for c in children {
@@ -101,6 +100,9 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
     })
     .await;
     let Ok(outputs) = outputs else {
+        // The racers are killed on drop; give a statement already inside the
+        // database a moment to finish before removing the scratch run.
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let removed = queue::delete_preflight_run(&pool, &key).await;
         bail!(
             "the racers did not finish within 60s (scratch run removed: {})",

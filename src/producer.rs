@@ -19,8 +19,8 @@ use crate::key::{JobKey, JobName};
 use crate::queue::{self, NewRun, QueueError};
 use crate::schedule::{self, Covers, Period};
 
-/// Most periods one job may add in one tick (a 7-day window of a job every
-/// minute is 10,080).
+/// Most firings one job's catch-up window may hold (a 7-day window of a job
+/// every minute is 10,080); config validation enforces it.
 pub const MAX_PERIODS_PER_TICK: usize = 20_000;
 /// Most days one `enqueue --from --to` may cover.
 pub const MAX_BACKFILL_DAYS: i64 = 366;
@@ -64,7 +64,7 @@ pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Per
         out.extend(
             firings
                 .into_iter()
-                .map(|f| schedule::period_of(f, cfg.timezone, Covers::Firing)),
+                .map(|f| schedule::period_of(&f, cfg.timezone, Covers::Firing)),
         );
     }
     Ok(out)
@@ -109,7 +109,7 @@ pub fn plan(job: &JobName, cfg: &JobConfig, now: DateTime<Utc>) -> Option<JobPla
     let (firings, truncated) = sched.firings(cfg.timezone, window_start, now, MAX_PERIODS_PER_TICK);
     let mut periods: Vec<Period> = firings
         .into_iter()
-        .map(|f| schedule::period_of(f, cfg.timezone, cfg.covers))
+        .map(|f| schedule::period_of(&f, cfg.timezone, cfg.covers))
         .collect();
     periods.dedup();
     Some(JobPlan {

@@ -69,6 +69,17 @@ impl Period {
     }
 }
 
+/// One firing: the instant it happens and the local wall-clock time the
+/// schedule named. They differ only inside a DST gap, where the firing moves
+/// to the first valid instant after it; the business period follows the
+/// scheduled time, so a gap that swallows a whole local date (Apia skipped
+/// 2011-12-30) neither loses the period before it nor covers one twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Firing {
+    pub at: DateTime<Utc>,
+    pub scheduled: NaiveDateTime,
+}
+
 /// A parsed cron expression (five fields: minute hour day-of-month month
 /// day-of-week), kept with its text.
 #[derive(Debug, Clone)]
@@ -117,8 +128,8 @@ impl CronSchedule {
         after: DateTime<Utc>,
         upto: DateTime<Utc>,
         limit: usize,
-    ) -> (Vec<DateTime<Utc>>, bool) {
-        let mut out: Vec<DateTime<Utc>> = Vec::new();
+    ) -> (Vec<Firing>, bool) {
+        let mut out: Vec<Firing> = Vec::new();
         if upto <= after {
             return (out, false);
         }
@@ -138,13 +149,16 @@ impl CronSchedule {
                 continue;
             }
             // Several local times in one gap map to one instant: one firing.
-            if out.last() == Some(&instant) {
+            if out.last().map(|f| f.at) == Some(instant) {
                 continue;
             }
             if out.len() == limit {
                 return (out, true);
             }
-            out.push(instant);
+            out.push(Firing {
+                at: instant,
+                scheduled: next,
+            });
         }
         (out, false)
     }
@@ -181,17 +195,15 @@ pub fn business_date(instant: DateTime<Utc>, tz: Tz) -> NaiveDate {
     instant.with_timezone(&tz).date_naive()
 }
 
-/// The business period a firing covers.
-pub fn period_of(firing: DateTime<Utc>, tz: Tz, covers: Covers) -> Period {
-    let local = firing.with_timezone(&tz);
+/// The business period a firing covers: daily periods follow the scheduled
+/// local date; sub-daily ones the local minute the firing happens at (so the
+/// times of one DST gap share the first valid minute after it).
+pub fn period_of(firing: &Firing, tz: Tz, covers: Covers) -> Period {
+    let day = firing.scheduled.date();
+    let local = firing.at.with_timezone(&tz);
     match covers {
-        Covers::SameDay => Period::day(local.date_naive()),
-        Covers::PreviousDay => Period::day(
-            local
-                .date_naive()
-                .checked_sub_days(Days::new(1))
-                .unwrap_or(local.date_naive()),
-        ),
+        Covers::SameDay => Period::day(day),
+        Covers::PreviousDay => Period::day(day.checked_sub_days(Days::new(1)).unwrap_or(day)),
         Covers::Firing => Period {
             date: local.date_naive(),
             minute: NaiveTime::from_hms_opt(local.hour(), local.minute(), 0),
@@ -216,6 +228,10 @@ mod tests {
     use super::*;
     use chrono_tz::America::New_York;
 
+    fn ats(f: &[Firing]) -> Vec<DateTime<Utc>> {
+        f.iter().map(|f| f.at).collect()
+    }
+
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
@@ -233,13 +249,13 @@ mod tests {
         assert!(!cut);
         // 01:00 KST = 16:00 UTC the day before.
         assert_eq!(
-            f,
+            ats(&f),
             vec![utc("2026-09-14T16:00:00Z"), utc("2026-09-15T16:00:00Z")]
         );
-        let p = period_of(f[0], tz, Covers::PreviousDay);
+        let p = period_of(&f[0], tz, Covers::PreviousDay);
         assert_eq!(p.key_part(), "2026-09-14");
         assert_eq!(
-            period_of(f[0], tz, Covers::SameDay).key_part(),
+            period_of(&f[0], tz, Covers::SameDay).key_part(),
             "2026-09-15"
         );
     }
@@ -255,13 +271,42 @@ mod tests {
             10,
         );
         assert_eq!(
-            f,
+            ats(&f),
             vec![utc("2026-03-08T07:00:00Z"), utc("2026-03-09T06:30:00Z")]
         );
         assert_eq!(
-            f[0].with_timezone(&New_York).format("%H:%M").to_string(),
+            f[0].at.with_timezone(&New_York).format("%H:%M").to_string(),
             "03:00"
         );
+    }
+
+    #[test]
+    fn a_swallowed_local_date_neither_loses_nor_doubles_a_period() {
+        // Apia skipped 2011-12-30 entirely (23:59:59 on the 29th was followed
+        // by 00:00 on the 31st). Found by the property test below.
+        let tz = chrono_tz::Pacific::Apia;
+        let s = CronSchedule::parse("1 0 * * *").unwrap();
+        let (f, _) = s.firings(
+            tz,
+            utc("2011-12-26T00:00:00Z"),
+            utc("2012-01-03T00:00:00Z"),
+            100,
+        );
+        let prev: Vec<String> = f
+            .iter()
+            .map(|x| period_of(x, tz, Covers::PreviousDay).key_part())
+            .collect();
+        let dedup: std::collections::BTreeSet<&String> = prev.iter().collect();
+        assert_eq!(
+            dedup.len(),
+            prev.len(),
+            "a period is covered twice: {prev:?}"
+        );
+        assert!(
+            prev.contains(&"2011-12-29".to_owned()),
+            "2011-12-29 is never settled: {prev:?}"
+        );
+        assert!(prev.contains(&"2011-12-31".to_owned()), "{prev:?}");
     }
 
     #[test]
@@ -274,7 +319,7 @@ mod tests {
             utc("2026-11-01T12:00:00Z"),
             10,
         );
-        assert_eq!(f, vec![utc("2026-11-01T05:30:00Z")]);
+        assert_eq!(ats(&f), vec![utc("2026-11-01T05:30:00Z")]);
     }
 
     #[test]
@@ -289,7 +334,7 @@ mod tests {
         );
         assert_eq!(f.len(), 4);
         assert_eq!(
-            period_of(f[0], tz, Covers::Firing).key_part(),
+            period_of(&f[0], tz, Covers::Firing).key_part(),
             "2026-09-15T10:15"
         );
         // Every 15 minutes over the fall-back night: the repeated hour does
@@ -302,7 +347,7 @@ mod tests {
         );
         let keys: std::collections::BTreeSet<String> = f
             .iter()
-            .map(|i| period_of(*i, New_York, Covers::Firing).key_part())
+            .map(|i| period_of(i, New_York, Covers::Firing).key_part())
             .collect();
         assert_eq!(keys.len(), f.len());
     }
@@ -400,13 +445,16 @@ mod properties {
             // Strictly increasing instants and strictly increasing dates: at
             // most one firing per business date.
             for w in firings.windows(2) {
-                prop_assert!(w[0] < w[1]);
-                prop_assert!(business_date(w[0], tz) < business_date(w[1], tz));
+                prop_assert!(w[0].at < w[1].at);
+                let (p0, p1) = (period_of(&w[0], tz, Covers::SameDay), period_of(&w[1], tz, Covers::SameDay));
+                prop_assert!(p0 < p1, "two firings for {:?} in {}", p1, tz.name());
+                // previous-day periods are as strictly increasing.
+                prop_assert!(period_of(&w[0], tz, Covers::PreviousDay) < period_of(&w[1], tz, Covers::PreviousDay));
             }
             // And at least one for every whole local date inside the window
             // that exists (Apia skipped 2011-12-30 entirely).
             let dates: std::collections::BTreeSet<NaiveDate> =
-                firings.iter().map(|f| business_date(*f, tz)).collect();
+                firings.iter().map(|f| period_of(f, tz, Covers::SameDay).date).collect();
             let first = business_date(after, tz).succ_opt().unwrap();
             let last = business_date(upto, tz).pred_opt().unwrap();
             for d in first.iter_days().take_while(|d| *d <= last) {

@@ -325,13 +325,9 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         metrics::histogram!(telemetry::RUN_DURATION, "job" => job.clone(), "outcome" => outcome)
             .record(started.elapsed().as_secs_f64());
     };
-    match &finish {
-        None => {
-            record("lease_lost");
-            metrics::counter!(telemetry::LEASES_LOST, "job" => job.clone()).increment(1);
-        }
-        Some(Finish::Release) => record("released"),
-        Some(_) => {}
+    if finish.is_none() {
+        record("lease_lost");
+        metrics::counter!(telemetry::LEASES_LOST, "job" => job.clone()).increment(1);
     }
     match finish {
         None => warn!(
@@ -384,7 +380,9 @@ async fn finish_with_retries(
             Err(QueueError::LeaseLost(_)) => {
                 warn!(job_key = %lease.key, attempt = lease.attempt, outcome = "lease_lost",
                       "finish refused: lease lost; the run belongs to someone else now");
-                metrics::counter!(telemetry::LEASES_LOST, "job" => lease.job.to_string())
+                let job = lease.job.to_string();
+                metrics::counter!(telemetry::LEASES_LOST, "job" => job.clone()).increment(1);
+                metrics::counter!(telemetry::ATTEMPTS, "job" => job, "outcome" => "lease_lost")
                     .increment(1);
                 return None;
             }
@@ -421,6 +419,8 @@ async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
     for attempt in 0..3 {
         match queue::finish(&shared.pool, &lease.fence(), &Finish::Release, shared.clock).await {
             Ok(_) => {
+                metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "released")
+                    .increment(1);
                 info!(job_key = %lease.key, attempt = lease.attempt, processed = counts.processed,
                       outcome = "released", "lease released for another worker");
                 return;
@@ -451,8 +451,10 @@ async fn heartbeat_loop(
         }
         // Bounded like the heartbeat: a hung database must not stall the
         // loop, or self-fencing below would never run.
+        // Sleep (ttl/3) + this (ttl/6) + the heartbeat (ttl/4) stay under the
+        // ttl, so self-fencing fires before the lease runs out.
         match tokio::time::timeout(
-            every,
+            every / 2,
             worker_registry::touch(&pool, &shared.opts.worker_id, VERSION),
         )
         .await
@@ -482,7 +484,7 @@ async fn heartbeat_loop(
             .min()
             .unwrap_or(every * 3);
         let result = match tokio::time::timeout(
-            min_ttl / 2,
+            min_ttl / 4,
             queue::heartbeat(&pool, &snapshot, shared.clock),
         )
         .await
@@ -490,7 +492,7 @@ async fn heartbeat_loop(
             Ok(r) => r,
             Err(_) => Err(QueueError::Invalid(format!(
                 "heartbeat timed out after {}ms",
-                (min_ttl / 2).as_millis()
+                (min_ttl / 4).as_millis()
             ))),
         };
         match &result {

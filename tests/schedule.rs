@@ -92,7 +92,7 @@ fn results_do_not_depend_on_the_process_time_zone() {
             .map(|z| {
                 let tz: Tz = z.parse().unwrap();
                 let (f, _) = sched.firings(tz, after, upto, 1000);
-                let dates: Vec<NaiveDate> = f.iter().map(|i| business_date(*i, tz)).collect();
+                let dates: Vec<NaiveDate> = f.iter().map(|i| business_date(i.at, tz)).collect();
                 (f, dates)
             })
             .collect::<Vec<_>>()
