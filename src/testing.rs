@@ -113,3 +113,16 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A fresh folder for one test's files (configs, logs, clusters) under
+/// `base`, normally the integration test's `CARGO_TARGET_TMPDIR`.
+pub fn scratch_dir(base: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(base).join(format!(
+        "{name}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    // Tests cannot run without their folder: failing loudly is the point.
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}

@@ -40,13 +40,7 @@ fn tool(name: &str) -> Option<PathBuf> {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "{name}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
 /// Metric names in a PromQL expression (`batchonce_` identifiers).

@@ -17,13 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "{name}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
 fn hold_config(dir: &std::path::Path) -> PathBuf {

@@ -24,15 +24,8 @@ async fn db() -> TestDb {
     TestDb::new(&[&settlement::MIGRATIONS]).await
 }
 
-/// A folder for this test's config and logs.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "{name}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
 /// Small paced chunks and a short lease, so tests can act mid-run.
