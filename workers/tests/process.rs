@@ -505,30 +505,69 @@ async fn bad_input_gets_one_error_line_and_changes_nothing() {
     assert_eq!(rows, 0, "bad input wrote a row");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_survives_a_database_restart() {
-    use batchonce::embedded::{Cluster, ClusterOptions};
-    // A cluster of this test's own, so restarting it disturbs no other test.
-    let dir = scratch("restart");
-    let opts = ClusterOptions {
-        dir: dir.join("pg"),
-        durable: false,
-        max_connections: 50,
-    };
-    let cluster = {
-        let opts = opts.clone();
-        tokio::task::spawn_blocking(move || Cluster::start(&opts))
+/// A PostgreSQL cluster of one test's own, so restarting it disturbs no
+/// other test: started, migrated, with a pool on it.
+struct OwnCluster {
+    opts: batchonce::embedded::ClusterOptions,
+    cluster: Option<batchonce::embedded::Cluster>,
+    url: String,
+}
+
+impl OwnCluster {
+    async fn start(dir: &std::path::Path, max_connections: u32) -> (Self, PgPool) {
+        let opts = batchonce::embedded::ClusterOptions {
+            dir: dir.join("pg"),
+            durable: false,
+            max_connections,
+        };
+        let o = opts.clone();
+        let cluster = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&o))
             .await
             .unwrap()
+            .unwrap();
+        let url = cluster.url("postgres");
+        let pool = batchonce::db::connect(&url, "restart-test", 2)
+            .await
+            .unwrap();
+        batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
+            .await
+            .unwrap();
+        let me = Self {
+            opts,
+            cluster: Some(cluster),
+            url,
+        };
+        (me, pool)
+    }
+
+    async fn stop(&mut self) {
+        if let Some(c) = self.cluster.take() {
+            tokio::task::spawn_blocking(move || c.stop())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    /// Starts it again on the same data; returns a fresh pool.
+    async fn start_again(&mut self) -> PgPool {
+        let o = self.opts.clone();
+        let c = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&o))
+            .await
             .unwrap()
-    };
-    let url = cluster.url("postgres");
-    let pool = batchonce::db::connect(&url, "restart-test", 2)
-        .await
-        .unwrap();
-    batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
-        .await
-        .unwrap();
+            .unwrap();
+        self.cluster = Some(c);
+        batchonce::db::connect(&self.url, "restart-test", 2)
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_survives_a_database_restart() {
+    let dir = scratch("restart");
+    let (mut own, pool) = OwnCluster::start(&dir, 50).await;
+    let url = own.url.clone();
     seed(&pool, 2000).await;
     let cfg = write_config(&dir);
     let run = |args: &[&str]| {
@@ -571,22 +610,14 @@ async fn a_worker_survives_a_database_restart() {
     })
     .await;
     pool.close().await;
-    tokio::task::spawn_blocking(move || cluster.stop().unwrap())
-        .await
-        .unwrap();
+    own.stop().await;
     // Down for longer than the lease ttl (2s): the worker must keep trying.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         worker.try_wait().unwrap().is_none(),
         "the worker exited while the database was down"
     );
-    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&opts))
-        .await
-        .unwrap()
-        .unwrap();
-    let pool = batchonce::db::connect(&url, "restart-test", 2)
-        .await
-        .unwrap();
+    let pool = own.start_again().await;
     wait_until(
         "the run succeeded after the restart",
         Duration::from_secs(60),
@@ -601,10 +632,7 @@ async fn a_worker_survives_a_database_restart() {
     signal(&worker, Signal::SIGTERM);
     assert!(wait_exit(&mut worker, Duration::from_secs(15)).success());
     pool.close().await;
-    tokio::task::spawn_blocking(move || cluster.stop())
-        .await
-        .unwrap()
-        .unwrap();
+    own.stop().await;
 }
 
 #[test]
@@ -841,27 +869,9 @@ async fn preflight_passes_and_cleans_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_survives_a_database_restart() {
-    use batchonce::embedded::{Cluster, ClusterOptions};
     let dir = scratch("producer-restart");
-    let opts = ClusterOptions {
-        dir: dir.join("pg"),
-        durable: false,
-        max_connections: 20,
-    };
-    let cluster = {
-        let opts = opts.clone();
-        tokio::task::spawn_blocking(move || Cluster::start(&opts))
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let url = cluster.url("postgres");
-    let pool = batchonce::db::connect(&url, "restart-test", 2)
-        .await
-        .unwrap();
-    batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
-        .await
-        .unwrap();
+    let (mut own, pool) = OwnCluster::start(&dir, 20).await;
+    let url = own.url.clone();
     let cfg = dir.join("sync.toml");
     // A job every minute in UTC; simulated time starts 12s before a minute.
     std::fs::write(
@@ -900,21 +910,13 @@ async fn a_producer_survives_a_database_restart() {
     })
     .await;
     pool.close().await;
-    tokio::task::spawn_blocking(move || cluster.stop().unwrap())
-        .await
-        .unwrap();
+    own.stop().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         producer.try_wait().unwrap().is_none(),
         "the producer exited while the database was down"
     );
-    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&opts))
-        .await
-        .unwrap()
-        .unwrap();
-    let pool = batchonce::db::connect(&url, "restart-test", 2)
-        .await
-        .unwrap();
+    let pool = own.start_again().await;
     // 10:01 comes 12s after the start in simulated time.
     wait_until("the 10:01 key after the restart", Duration::from_secs(30), || {
         let pool = pool.clone();
@@ -932,8 +934,5 @@ async fn a_producer_survives_a_database_restart() {
     signal(&producer, Signal::SIGTERM);
     assert!(wait_exit(&mut producer, Duration::from_secs(10)).success());
     pool.close().await;
-    tokio::task::spawn_blocking(move || cluster.stop())
-        .await
-        .unwrap()
-        .unwrap();
+    own.stop().await;
 }
