@@ -201,6 +201,9 @@ async fn run_on(
                 "5s",
             ])
             .args(["--poll-interval", "500ms", "--worker-id", &id])
+            // Each worker serves its metrics on a port of its own choosing,
+            // so the two never compete for the default one.
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env("DATABASE_URL", &url)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -188,7 +188,9 @@ pub async fn serve(addr: SocketAddr, ready: Arc<AtomicBool>, stop: CancellationT
             return;
         }
     };
-    info!(%addr, "serving /metrics, /healthz and /readyz");
+    // With port 0 the system picks one: log the address actually bound.
+    let bound = listener.local_addr().unwrap_or(addr);
+    info!(addr = %bound, "serving /metrics, /healthz and /readyz");
     let app = axum::Router::new()
         .route(
             "/metrics",
