@@ -130,6 +130,20 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+async fn enqueue_one(pool: &PgPool, run: &NewRun) {
+    queue::enqueue(pool, std::slice::from_ref(run), Clock::Db)
+        .await
+        .unwrap();
+}
+
+/// Waits until the first chunks of a run have committed.
+async fn wait_under_way(pool: &PgPool) {
+    wait_until("the run is under way", Duration::from_secs(20), || async {
+        count(pool, "SELECT count(*) FROM test_item").await >= 10
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runs_everything_once_with_concurrency_and_stops_on_shutdown() {
     let db = setup().await;
@@ -238,14 +252,9 @@ async fn retryable_errors_and_panics_retry_and_fatal_fails() {
 async fn a_lost_lease_cancels_the_handler_and_its_writes_stop() {
     let db = setup().await;
     let r = new_run(1, serde_json::json!({"items": 400, "pause_ms": 100}));
-    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
-        .await
-        .unwrap();
+    enqueue_one(&db.pool, &r).await;
     let w = start(&db, "w1", 1, Duration::from_secs(5));
-    wait_until("the run is under way", Duration::from_secs(20), || async {
-        count(&db.pool, "SELECT count(*) FROM test_item").await >= 10
-    })
-    .await;
+    wait_under_way(&db.pool).await;
     let old_token: i64 = sqlx::query_scalar("SELECT lease_token FROM batch_job_run")
         .fetch_one(&db.pool)
         .await
@@ -307,14 +316,9 @@ async fn a_lost_lease_cancels_the_handler_and_its_writes_stop() {
 async fn graceful_shutdown_releases_the_lease_at_a_chunk_boundary() {
     let db = setup().await;
     let r = new_run(1, serde_json::json!({"items": 1000, "pause_ms": 50}));
-    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
-        .await
-        .unwrap();
+    enqueue_one(&db.pool, &r).await;
     let w = start(&db, "w1", 1, Duration::from_secs(10));
-    wait_until("the run is under way", Duration::from_secs(20), || async {
-        count(&db.pool, "SELECT count(*) FROM test_item").await >= 10
-    })
-    .await;
+    wait_under_way(&db.pool).await;
     let t = Instant::now();
     w.signals.shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), w.handle)
@@ -339,9 +343,7 @@ async fn abort_after_grace_abandons_the_chunk_and_releases() {
     let db = setup().await;
     // One chunk that takes far longer than the grace period.
     let r = new_run(1, serde_json::json!({"items": 10, "pause_ms": 60000}));
-    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
-        .await
-        .unwrap();
+    enqueue_one(&db.pool, &r).await;
     let w = start(&db, "w1", 1, Duration::from_millis(300));
     wait_until("the run is leased", Duration::from_secs(20), || async {
         count(

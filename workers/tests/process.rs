@@ -134,6 +134,36 @@ async fn run_row(pool: &PgPool) -> (String, i32, i64, Option<String>) {
         .unwrap()
 }
 
+/// A test database with `n` orders for the business date and its run
+/// enqueued, plus a scratch folder and the paced config.
+async fn settlement_run(name: &str, n: i64) -> (TestDb, PathBuf, PathBuf) {
+    let db = db().await;
+    let dir = scratch(name);
+    let cfg = write_config(&dir);
+    seed(&db.pool, n).await;
+    assert!(enqueue_output(&db).status.success());
+    (db, dir, cfg)
+}
+
+/// Waits until the run is RUNNING with at least `processed` items.
+async fn wait_mid_run(pool: &PgPool, processed: i64) {
+    wait_until("the run is mid-way", Duration::from_secs(30), || async {
+        let (status, _, done, _) = run_row(pool).await;
+        status == "RUNNING" && done >= processed
+    })
+    .await;
+}
+
+/// Waits until the run has `status`.
+async fn wait_for_status(pool: &PgPool, status: &str) {
+    wait_until(
+        &format!("the run is {status}"),
+        Duration::from_secs(60),
+        || async { run_row(pool).await.0 == status },
+    )
+    .await;
+}
+
 async fn assert_settled_exactly(pool: &PgPool, n: i64) {
     let v = settlement::verify(pool, chrono_tz::Asia::Seoul, date())
         .await
@@ -210,17 +240,10 @@ async fn racing_enqueue_processes_make_one_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_write_one_set_of_items() {
-    let db = db().await;
-    let dir = scratch("two-workers");
-    let cfg = write_config(&dir);
-    seed(&db.pool, 1500).await;
-    assert!(enqueue_output(&db).status.success());
+    let (db, dir, cfg) = settlement_run("two-workers", 1500).await;
     let mut a = spawn_worker(&db, &cfg, &dir, "wa");
     let mut b = spawn_worker(&db, &cfg, &dir, "wb");
-    wait_until("the run succeeded", Duration::from_secs(60), || async {
-        run_row(&db.pool).await.0 == "SUCCEEDED"
-    })
-    .await;
+    wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 1500).await;
     let (_, attempts, processed, _) = run_row(&db.pool).await;
     assert_eq!((attempts, processed), (1, 1500));
@@ -233,17 +256,9 @@ async fn two_workers_write_one_set_of_items() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
-    let db = db().await;
-    let dir = scratch("sigkill");
-    let cfg = write_config(&dir);
-    seed(&db.pool, 1500).await;
-    assert!(enqueue_output(&db).status.success());
+    let (db, dir, cfg) = settlement_run("sigkill", 1500).await;
     let mut a = spawn_worker(&db, &cfg, &dir, "victim");
-    wait_until("the victim is mid-run", Duration::from_secs(30), || async {
-        let (status, _, processed, _) = run_row(&db.pool).await;
-        status == "RUNNING" && processed >= 100
-    })
-    .await;
+    wait_mid_run(&db.pool, 100).await;
     signal(&a, Signal::SIGKILL);
     let _ = wait_exit(&mut a, Duration::from_secs(5));
     let (_, _, at_kill, owner) = run_row(&db.pool).await;
@@ -251,10 +266,7 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
     assert!(at_kill < 1500, "the run was not mid-way when killed");
 
     let mut b = spawn_worker(&db, &cfg, &dir, "rescuer");
-    wait_until("the run succeeded", Duration::from_secs(60), || async {
-        run_row(&db.pool).await.0 == "SUCCEEDED"
-    })
-    .await;
+    wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 1500).await;
     let (_, attempts, processed, _) = run_row(&db.pool).await;
     assert_eq!(attempts, 2);
@@ -280,17 +292,9 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_0_and_releases_the_lease() {
-    let db = db().await;
-    let dir = scratch("sigterm");
-    let cfg = write_config(&dir);
-    seed(&db.pool, 3000).await;
-    assert!(enqueue_output(&db).status.success());
+    let (db, dir, cfg) = settlement_run("sigterm", 3000).await;
     let mut a = spawn_worker(&db, &cfg, &dir, "leaver");
-    wait_until("the worker is mid-run", Duration::from_secs(30), || async {
-        let (status, _, processed, _) = run_row(&db.pool).await;
-        status == "RUNNING" && processed >= 60
-    })
-    .await;
+    wait_mid_run(&db.pool, 60).await;
     signal(&a, Signal::SIGTERM);
     let st = wait_exit(&mut a, Duration::from_secs(10));
     assert_eq!(st.code(), Some(0));
@@ -313,10 +317,7 @@ async fn sigterm_exits_0_and_releases_the_lease() {
 
     // Another worker picks it up at once (no lease to wait out) and finishes.
     let mut b = spawn_worker(&db, &cfg, &dir, "finisher");
-    wait_until("the run succeeded", Duration::from_secs(60), || async {
-        run_row(&db.pool).await.0 == "SUCCEEDED"
-    })
-    .await;
+    wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 3000).await;
     signal(&b, Signal::SIGTERM);
     assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
