@@ -311,6 +311,9 @@ fn require_url(cli: &Cli) -> anyhow::Result<&str> {
 
 async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     let config = load_config(&cli, &registry)?;
+    // Jobs of the user's own (`command = [...]`) join the built-in kinds.
+    let registry =
+        crate::command::register_commands(registry, &config, cli.database_url.as_deref());
     match &cli.command {
         Command::Demo => {
             let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;

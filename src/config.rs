@@ -65,6 +65,13 @@ pub struct JobConfig {
     pub skip_weekdays: Vec<Weekday>,
     /// A disabled job is not produced (manual `enqueue` still works).
     pub enabled: bool,
+    /// Item failures a run may count and still succeed (job kinds that
+    /// count item failures, e.g. undeliverable notifications); `None`: any.
+    pub max_item_failures: Option<u64>,
+    /// The keys a job kind takes besides the common ones, and their values.
+    pub options: KindOptions,
+    /// Set for a job that runs an external program (`command = [...]`).
+    pub command: Option<CommandSpec>,
 }
 
 impl JobConfig {
@@ -102,6 +109,98 @@ impl Default for JobConfig {
             skip_dates: Vec::new(),
             skip_weekdays: Vec::new(),
             enabled: true,
+            max_item_failures: None,
+            options: KindOptions::default(),
+            command: None,
+        }
+    }
+}
+
+/// A job kind's own configuration keys (e.g. notification-send's `sender`).
+/// The kind declares them in its default config; the file's values are
+/// checked at load time, so a typo or a bad value stops the process at start.
+#[derive(Debug, Clone, Default)]
+pub struct KindOptions {
+    /// The keys the kind accepts.
+    pub keys: &'static [&'static str],
+    /// Checks the values given; an error names the key.
+    pub check: Option<OptionCheck>,
+    /// The values given in the file.
+    pub values: toml::Table,
+}
+
+/// A job kind's check of its options.
+pub type OptionCheck = fn(&toml::Table) -> Result<(), OptionError>;
+
+/// A bad job-kind option: the key and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub key: String,
+    pub message: String,
+}
+
+impl OptionError {
+    pub fn new(key: &str, message: impl Into<String>) -> Self {
+        Self {
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl PartialEq for KindOptions {
+    /// Compares what was configured; the check function is the kind's code.
+    fn eq(&self, other: &Self) -> bool {
+        self.keys == other.keys && self.values == other.values
+    }
+}
+
+impl KindOptions {
+    /// A string option, if given.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.values.get(key).and_then(toml::Value::as_str)
+    }
+
+    /// An integer option, if given.
+    pub fn int(&self, key: &str) -> Option<i64> {
+        self.values.get(key).and_then(toml::Value::as_integer)
+    }
+
+    /// A duration option (`"10s"`), if given and valid.
+    pub fn duration(&self, key: &str) -> Option<Duration> {
+        self.str(key).and_then(|s| parse_duration(s).ok())
+    }
+}
+
+/// How a command job runs its program (see [`crate::command`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// The program and its arguments; run directly, not through a shell.
+    pub argv: Vec<String>,
+    /// Longest an attempt may run before its process group is stopped.
+    pub timeout: Duration,
+    /// After SIGTERM (shutdown, timeout), how long before SIGKILL.
+    pub kill_grace: Duration,
+    /// Working directory; the worker's own when unset.
+    pub working_dir: Option<PathBuf>,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// The exit code that means "nothing to do": the run is SKIPPED.
+    pub skipped_exit_code: i32,
+    /// Exit codes that fail the run at once instead of retrying.
+    pub fatal_exit_codes: Vec<i32>,
+}
+
+impl CommandSpec {
+    pub fn new(argv: Vec<String>) -> Self {
+        Self {
+            argv,
+            timeout: Duration::from_secs(3600),
+            kill_grace: Duration::from_secs(10),
+            working_dir: None,
+            env: BTreeMap::new(),
+            skipped_exit_code: 3,
+            fatal_exit_codes: vec![2, 126, 127],
         }
     }
 }
@@ -122,7 +221,22 @@ const JOB_KEYS: &[&str] = &[
     "skip_dates",
     "skip_weekdays",
     "enabled",
+    "max_item_failures",
+    "command",
 ];
+
+/// Keys only a command job takes.
+const COMMAND_KEYS: &[&str] = &[
+    "timeout",
+    "kill_grace",
+    "working_dir",
+    "env",
+    "skipped_exit_code",
+    "fatal_exit_codes",
+];
+
+/// Longest command line (program and arguments, in bytes).
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
 /// A configuration problem, printed as one line.
 #[derive(Debug, thiserror::Error)]
@@ -213,21 +327,41 @@ impl Config {
             };
             for (name, job_value) in job_tables {
                 let path = format!("jobs.{name}");
-                let known: Vec<&str> = kinds.keys().map(JobName::as_str).collect();
-                let job_name = JobName::parse(name)
-                    .ok()
-                    .filter(|n| kinds.contains_key(n))
-                    .ok_or_else(|| {
-                        key_err(
-                            &path,
-                            format!("unknown job (registered: {})", known.join(", ")),
-                        )
-                    })?;
                 let toml::Value::Table(fields) = job_value else {
                     return Err(key_err(&path, "must be a table".into()));
                 };
-                // Invariant: job_name was found in `kinds`, which `jobs` copies.
-                let cfg = jobs.get_mut(&job_name).expect("registered job");
+                let known: Vec<&str> = kinds.keys().map(JobName::as_str).collect();
+                let parsed = JobName::parse(name);
+                let job_name = match parsed {
+                    Ok(n) if kinds.contains_key(&n) => {
+                        if fields.contains_key("command") {
+                            return Err(key_err(
+                                &format!("{path}.command"),
+                                format!(
+                                    "{n} is a built-in job kind; give the command job a name of its own"
+                                ),
+                            ));
+                        }
+                        n
+                    }
+                    // A job of the user's own: it runs a program.
+                    Ok(n) if fields.contains_key("command") => {
+                        jobs.insert(n.clone(), JobConfig::default());
+                        n
+                    }
+                    Ok(_) => {
+                        return Err(key_err(
+                            &path,
+                            format!(
+                                "unknown job (registered: {}; a job of your own needs `command = [...]`)",
+                                known.join(", ")
+                            ),
+                        ))
+                    }
+                    Err(e) => return Err(key_err(&path, e.to_string())),
+                };
+                // Invariant: job_name is in `jobs` (copied from `kinds`, or inserted above).
+                let cfg = jobs.get_mut(&job_name).expect("configured job");
                 apply_job_table(cfg, fields, &path).map_err(|(k, m)| key_err(&k, m))?;
             }
         }
@@ -337,13 +471,32 @@ fn apply_job_table(
                     ))
                 })?
             }
+            "max_item_failures" => {
+                cfg.max_item_failures = Some(as_int(value, 0, i64::MAX).map_err(err)? as u64)
+            }
+            "command" => cfg.command = Some(CommandSpec::new(as_argv(value).map_err(err)?)),
+            k if COMMAND_KEYS.contains(&k) => {
+                // Applied after the loop, once `command` is known to be there.
+            }
+            k if cfg.options.keys.contains(&k) => {
+                cfg.options.values.insert(k.to_owned(), value.clone());
+            }
             _ => {
+                let mut expected: Vec<&str> = JOB_KEYS.to_vec();
+                expected.extend(cfg.options.keys);
+                if cfg.command.is_some() || fields.contains_key("command") {
+                    expected.extend(COMMAND_KEYS);
+                }
                 return Err(err(format!(
                     "unknown key (expected one of: {})",
-                    JOB_KEYS.join(", ")
-                )))
+                    expected.join(", ")
+                )));
             }
         }
+    }
+    apply_command_keys(cfg, fields, path)?;
+    if let Some(check) = cfg.options.check {
+        check(&cfg.options.values).map_err(|e| (format!("{path}.{}", e.key), e.message))?;
     }
     let bound = |key: &str, m: &str| (format!("{path}.{key}"), m.to_owned());
     if cfg.lease_ttl < Duration::from_secs(1) || cfg.lease_ttl > Duration::from_secs(86_400) {
@@ -381,6 +534,130 @@ fn apply_job_table(
         return Err(bound("chunk_pause", "must be at most 60s"));
     }
     Ok(())
+}
+
+/// The keys that shape how a command job runs its program.
+fn apply_command_keys(
+    cfg: &mut JobConfig,
+    fields: &toml::Table,
+    path: &str,
+) -> Result<(), (String, String)> {
+    let Some(spec) = cfg.command.as_mut() else {
+        if let Some(k) = COMMAND_KEYS.iter().find(|k| fields.contains_key(**k)) {
+            return Err((
+                format!("{path}.{k}"),
+                "only a command job (one with `command = [...]`) takes this key".into(),
+            ));
+        }
+        return Ok(());
+    };
+    for (key, value) in fields {
+        let full = format!("{path}.{key}");
+        let err = |m: String| (full.clone(), m);
+        match key.as_str() {
+            "timeout" => spec.timeout = as_duration(value).map_err(err)?,
+            "kill_grace" => spec.kill_grace = as_duration(value).map_err(err)?,
+            "working_dir" => {
+                let s = as_str(value).map_err(err)?;
+                if s.is_empty() || s.contains('\0') {
+                    return Err(err("must be a non-empty path without NUL bytes".into()));
+                }
+                spec.working_dir = Some(PathBuf::from(s));
+            }
+            "env" => {
+                let table = value.as_table().ok_or_else(|| {
+                    err(format!(
+                        "expected a table of NAME = \"value\" pairs, found {}",
+                        value.type_str()
+                    ))
+                })?;
+                for (name, v) in table {
+                    let valid = !name.is_empty()
+                        && name.len() <= 256
+                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        && !name.starts_with(|c: char| c.is_ascii_digit());
+                    if !valid {
+                        return Err(err(format!(
+                            "{:?} is not a variable name (letters, digits and _)",
+                            crate::queue::truncate(name)
+                        )));
+                    }
+                    if name.starts_with("BATCHONCE_") || name == "DATABASE_URL" {
+                        return Err(err(format!(
+                            "{name} is set by the worker and cannot be overridden"
+                        )));
+                    }
+                    let v = as_str(v).map_err(|m| (format!("{full}.{name}"), m))?;
+                    if v.contains('\0') || v.len() > MAX_COMMAND_BYTES {
+                        return Err((
+                            format!("{full}.{name}"),
+                            "must hold no NUL byte and at most 64 KiB".into(),
+                        ));
+                    }
+                    spec.env.insert(name.clone(), v.to_owned());
+                }
+            }
+            "skipped_exit_code" => {
+                spec.skipped_exit_code = as_int(value, 1, 255).map_err(err)? as i32
+            }
+            "fatal_exit_codes" => {
+                let list = value.as_array().ok_or_else(|| {
+                    err(format!(
+                        "expected an array of exit codes, found {}",
+                        value.type_str()
+                    ))
+                })?;
+                spec.fatal_exit_codes = list
+                    .iter()
+                    .map(|v| as_int(v, 1, 255).map(|n| n as i32))
+                    .collect::<Result<_, _>>()
+                    .map_err(err)?;
+            }
+            _ => {}
+        }
+    }
+    if spec.fatal_exit_codes.contains(&spec.skipped_exit_code) {
+        return Err((
+            format!("{path}.skipped_exit_code"),
+            format!(
+                "{} is also in fatal_exit_codes; an exit code means one thing",
+                spec.skipped_exit_code
+            ),
+        ));
+    }
+    if spec.kill_grace > spec.timeout {
+        return Err((
+            format!("{path}.kill_grace"),
+            "must not be longer than timeout".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `command = ["program", "arg", ...]`: a non-empty array of strings.
+fn as_argv(v: &toml::Value) -> Result<Vec<String>, String> {
+    let list = v.as_array().ok_or_else(|| {
+        format!(
+            "expected an array such as [\"node\", \"settle.js\"], found {}",
+            v.type_str()
+        )
+    })?;
+    let argv: Vec<String> = list
+        .iter()
+        .map(|a| as_str(a).map(str::to_owned))
+        .collect::<Result<_, _>>()?;
+    match argv.first() {
+        None => return Err("must name a program: the array is empty".into()),
+        Some(p) if p.trim().is_empty() => return Err("the program name is empty".into()),
+        _ => {}
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err("arguments cannot contain NUL bytes".into());
+    }
+    if argv.iter().map(String::len).sum::<usize>() > MAX_COMMAND_BYTES {
+        return Err("the command line is longer than 64 KiB".into());
+    }
+    Ok(argv)
 }
 
 fn as_str(v: &toml::Value) -> Result<&str, String> {

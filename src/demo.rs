@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chrono::{DateTime, Days, Utc};
+use chrono::{DateTime, Utc};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -20,7 +20,6 @@ use crate::config::{Config, JobConfig};
 use crate::db;
 use crate::embedded::{Cluster, ClusterOptions};
 use crate::job::Registry;
-use crate::key::JobKey;
 use crate::queue::{self, NewRun, RunStatus};
 
 const DEMO_DB: &str = "batchonce_demo";
@@ -50,7 +49,8 @@ fn demo_config(cfg: &JobConfig) -> JobConfig {
 
 fn config_toml(config: &Config) -> String {
     let mut s = String::from("# Written by `batchonce demo` for its worker processes.\n");
-    for (name, c) in &config.jobs {
+    // Command jobs of the user's file have no demo and stay out of it.
+    for (name, c) in config.jobs.iter().filter(|(_, c)| c.command.is_none()) {
         s.push_str(&format!(
             "\n[jobs.{name}]\ntimezone = \"{}\"\nmax_attempts = {}\nlease_ttl = \"{}ms\"\n\
              stale_after = \"{}s\"\nchunk_size = {}\nbackoff = \"{}ms\"\nbackoff_max = \"{}ms\"\n\
@@ -65,6 +65,12 @@ fn config_toml(config: &Config) -> String {
             c.chunk_pause.as_millis(),
             c.on_lease_expiry.as_str(),
         ));
+        if let Some(n) = c.max_item_failures {
+            s.push_str(&format!("max_item_failures = {n}\n"));
+        }
+        for (k, v) in &c.options.values {
+            s.push_str(&format!("{k} = {v}\n"));
+        }
     }
     s
 }
@@ -133,8 +139,11 @@ async fn run_on(
     println!("migrated database {DEMO_DB}");
 
     let mut demo_cfg = config.clone();
-    for c in demo_cfg.jobs.values_mut() {
+    for (name, c) in demo_cfg.jobs.iter_mut() {
         *c = demo_config(c);
+        if let Some(demo) = registry.get(name).and_then(|j| j.demo()) {
+            demo.prepare(c, home);
+        }
     }
     let cfg_path = home.join("demo.toml");
     std::fs::write(&cfg_path, config_toml(&demo_cfg))
@@ -146,26 +155,23 @@ async fn run_on(
         let Some(demo) = job.demo() else { continue };
         let name = job.name();
         let cfg = demo_cfg.job(&name).cloned().unwrap_or_default();
-        let today = now.with_timezone(&cfg.timezone).date_naive();
-        let dates: Vec<_> = (1..=3u64)
-            .rev()
-            .filter_map(|d| today.checked_sub_days(Days::new(d)))
-            .collect();
+        let periods = demo.periods(&cfg, now);
+        let mut dates: Vec<_> = periods.iter().map(|p| p.date).collect();
+        dates.dedup();
         let seeded = demo.seed(&pool, &cfg, &dates).await?;
         println!(
             "seeded {name}: {seeded} (time zone {})",
             cfg.timezone.name()
         );
-        for d in dates {
-            runs.push(NewRun {
-                key: JobKey::daily(&name, d),
-                job: name.clone(),
-                business_date: d,
-                max_attempts: cfg.max_attempts,
-                payload: serde_json::json!({}),
-                skip_reason: None,
-            });
-        }
+        // Keyed as the producer keys them; the demo ignores skip calendars.
+        runs.extend(
+            crate::producer::runs_for_periods(&name, &cfg, &periods)
+                .into_iter()
+                .map(|r| NewRun {
+                    skip_reason: None,
+                    ..r
+                }),
+        );
     }
     if runs.is_empty() {
         bail!("no registered job kind supports the demo");
@@ -304,7 +310,9 @@ async fn run_on(
         let (view, attempts) = queue::show_run(&pool, &run.key)
             .await?
             .context("a demo run disappeared")?;
-        let v = demo.verify(&pool, &cfg, run.business_date).await?;
+        let v = demo
+            .verify(&pool, &cfg, &run.key, run.business_date)
+            .await?;
         let run_ok = view.status == "SUCCEEDED" && v.ok && v.duplicates == 0;
         ok &= run_ok;
         println!(

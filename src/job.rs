@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::NaiveDate;
+use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +15,7 @@ use crate::clock::Clock;
 use crate::config::JobConfig;
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, Fence, FencedTx, QueueError};
+use crate::schedule::Period;
 
 /// How a handler ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +67,21 @@ impl From<sqlx::Error> for JobError {
 /// any job kind running exactly once.
 #[async_trait]
 pub trait JobDemo: Send + Sync {
+    /// Adjusts the demo's configuration of this kind (e.g. a sender that
+    /// writes into the demo's folder `home`).
+    fn prepare(&self, _config: &mut JobConfig, _home: &std::path::Path) {}
+
+    /// The periods the demo runs: by default the three business dates
+    /// before today in the job's time zone.
+    fn periods(&self, config: &JobConfig, now: DateTime<Utc>) -> Vec<Period> {
+        let today = now.with_timezone(&config.timezone).date_naive();
+        (1..=3u64)
+            .rev()
+            .filter_map(|d| today.checked_sub_days(chrono::Days::new(d)))
+            .map(Period::day)
+            .collect()
+    }
+
     /// Writes demo source data for these business dates; returns a one-line
     /// description ("3,600 orders").
     async fn seed(
@@ -80,6 +96,7 @@ pub trait JobDemo: Send + Sync {
         &self,
         pool: &PgPool,
         config: &JobConfig,
+        key: &JobKey,
         date: NaiveDate,
     ) -> Result<Verification, sqlx::Error>;
 }

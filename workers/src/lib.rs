@@ -1,10 +1,16 @@
 //! The job kinds bundled with batchonce. A team adopting batchonce writes a
 //! crate like this one: job kinds implementing [`batchonce::Job`], their
-//! migrations, and a `main` that registers them.
+//! migrations, and a `main` that registers them. (Scripts in other languages
+//! need no crate: they are command jobs, declared in `batchonce.toml`.)
 
+pub mod inventory;
+pub mod notification;
 pub mod settlement;
 
 /// Every bundled job kind.
 pub fn registry() -> batchonce::Registry {
-    batchonce::Registry::new().register(settlement::DailySettlement)
+    batchonce::Registry::new()
+        .register(settlement::DailySettlement)
+        .register(notification::NotificationSend::new())
+        .register(inventory::InventorySync)
 }

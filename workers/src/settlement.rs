@@ -12,7 +12,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgPool, Row};
 
 /// The job kind's tables: `orders` (source), `settlement_item`, `settlement_summary`.
-pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations/settlement");
 
 pub const NAME: &str = "daily-settlement";
 
@@ -194,6 +194,7 @@ impl JobDemo for DailySettlement {
         &self,
         pool: &PgPool,
         config: &JobConfig,
+        _key: &batchonce::JobKey,
         date: NaiveDate,
     ) -> Result<Verification, sqlx::Error> {
         verify(pool, config.timezone, date).await

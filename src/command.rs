@@ -1,0 +1,428 @@
+//! Command jobs: a job declared in `batchonce.toml` with `command = [...]`
+//! runs that program as its handler, so a batch script in any language runs
+//! exactly once per key without being rewritten. This module owns the child
+//! process: its environment (the run's identity and lease token), its output
+//! (every line into the worker's logs), the exit-code contract, the timeout,
+//! and the process group, which is stopped on shutdown and killed when the
+//! lease is lost, so nothing the script started outlives its lease.
+//!
+//! Exit codes: 0 SUCCEEDED; `skipped_exit_code` (default 3) SKIPPED, with the
+//! last line the program printed as the reason; `fatal_exit_codes` (default
+//! 2, 126, 127) FAILED at once; anything else, a signal or the timeout: retry
+//! with backoff until `max_attempts`.
+
+use std::collections::VecDeque;
+use std::os::unix::process::CommandExt as _;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Child;
+use tracing::{info, warn};
+
+use crate::config::{CommandSpec, Config, JobConfig};
+use crate::job::{Job, JobContext, JobError, Outcome, Registry};
+use crate::key::JobName;
+
+/// Lines of output kept for the run's error text.
+const TAIL_LINES: usize = 8;
+/// Longest output line logged; longer lines are cut on a char boundary.
+const MAX_LINE_BYTES: usize = 16 * 1024;
+
+/// A job kind whose handler is an external program.
+#[derive(Debug, Clone)]
+pub struct CommandJob {
+    name: JobName,
+    config: JobConfig,
+    database_url: Option<String>,
+}
+
+impl CommandJob {
+    /// `config.command` must be set; `database_url` is passed to the program.
+    pub fn new(name: JobName, config: JobConfig, database_url: Option<String>) -> Self {
+        Self {
+            name,
+            config,
+            database_url,
+        }
+    }
+}
+
+/// Adds a [`CommandJob`] for every job of the configuration that declares a
+/// command and is not a built-in kind.
+pub fn register_commands(
+    mut registry: Registry,
+    config: &Config,
+    database_url: Option<&str>,
+) -> Registry {
+    for (name, cfg) in &config.jobs {
+        if cfg.command.is_some() && registry.get(name).is_none() {
+            registry = registry.register(CommandJob::new(
+                name.clone(),
+                cfg.clone(),
+                database_url.map(str::to_owned),
+            ));
+        }
+    }
+    registry
+}
+
+#[async_trait]
+impl Job for CommandJob {
+    fn name(&self) -> JobName {
+        self.name.clone()
+    }
+
+    fn default_config(&self) -> JobConfig {
+        self.config.clone()
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        let spec = ctx.config.command.as_ref().ok_or_else(|| {
+            JobError::Fatal(format!("job {} has no `command` configured", ctx.job))
+        })?;
+        run_command(spec, ctx, self.database_url.as_deref()).await
+    }
+}
+
+/// The environment a command receives, besides the worker's own.
+pub fn environment(ctx: &JobContext, database_url: Option<&str>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("BATCHONCE_JOB_KEY".into(), ctx.key.to_string()),
+        ("BATCHONCE_JOB_NAME".into(), ctx.job.to_string()),
+        (
+            "BATCHONCE_BUSINESS_DATE".into(),
+            ctx.business_date.to_string(),
+        ),
+        ("BATCHONCE_ATTEMPT".into(), ctx.attempt.to_string()),
+        ("BATCHONCE_LEASE_TOKEN".into(), ctx.lease_token.to_string()),
+        ("BATCHONCE_WORKER_ID".into(), ctx.worker_id.clone()),
+        (
+            "BATCHONCE_TIMEZONE".into(),
+            ctx.config.timezone.name().to_owned(),
+        ),
+        ("BATCHONCE_PAYLOAD".into(), ctx.payload.to_string()),
+    ];
+    if let Some(url) = database_url {
+        env.push(("BATCHONCE_DATABASE_URL".into(), url.to_owned()));
+        env.push(("DATABASE_URL".into(), url.to_owned()));
+    }
+    env
+}
+
+/// Kills the process group when dropped: when the handler ends, is aborted
+/// (lease lost, grace period over) or panics, nothing the program started
+/// keeps running outside the lease.
+struct GroupGuard(Pid);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        // ESRCH (the group is already gone) is the usual case and fine.
+        let _ = killpg(self.0, Signal::SIGKILL);
+    }
+}
+
+async fn run_command(
+    spec: &CommandSpec,
+    ctx: &JobContext,
+    database_url: Option<&str>,
+) -> Result<Outcome, JobError> {
+    let program = &spec.argv[0];
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .envs(&spec.env)
+        .envs(environment(ctx, database_url))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A group of its own, so shutdown and lease loss reach every
+        // process the program starts, and a terminal's ^C does not.
+        .process_group(0);
+    if let Some(dir) = &spec.working_dir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(die_with_parent);
+    }
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
+    let Some(pid) = child.id() else {
+        return Err(JobError::Retryable(format!(
+            "`{program}` exited before it could be watched"
+        )));
+    };
+    let group = Pid::from_raw(pid as i32);
+    let _guard = GroupGuard(group);
+    info!(job_key = %ctx.key, attempt = ctx.attempt, pid, command = ?spec.argv, "command started");
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let last_stdout = Arc::new(Mutex::new(None::<String>));
+    let out = forward(
+        child.stdout.take(),
+        "stdout",
+        ctx,
+        tail.clone(),
+        Some(last_stdout.clone()),
+    );
+    let err = forward(child.stderr.take(), "stderr", ctx, tail.clone(), None);
+
+    enum Stop {
+        Exited(std::io::Result<std::process::ExitStatus>),
+        TimedOut,
+        Cancelled,
+    }
+    let stop = tokio::select! {
+        s = child.wait() => Stop::Exited(s),
+        _ = tokio::time::sleep(spec.timeout) => Stop::TimedOut,
+        _ = ctx.cancelled() => Stop::Cancelled,
+    };
+    let status = match stop {
+        Stop::Exited(s) => s,
+        Stop::TimedOut | Stop::Cancelled => {
+            terminate(&mut child, group, spec.kill_grace).await;
+            let _ = tokio::join!(out, err);
+            if matches!(stop, Stop::Cancelled) {
+                warn!(job_key = %ctx.key, pid, "command stopped: shutdown or lease lost");
+                return Err(JobError::Cancelled);
+            }
+            return Err(JobError::Retryable(with_tail(
+                format!(
+                    "`{program}` timed out after {}; its process group was stopped",
+                    humantime::format_duration(spec.timeout)
+                ),
+                &tail,
+            )));
+        }
+    };
+    // The program has exited; whatever it left running in its group must
+    // not go on outside the lease.
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = tokio::join!(out, err);
+    let status =
+        status.map_err(|e| JobError::Retryable(format!("waiting for `{program}`: {e}")))?;
+    let outcome = map_exit(spec, program, status, &tail, &last_stdout);
+    info!(job_key = %ctx.key, attempt = ctx.attempt, pid, status = %status, "command ended");
+    outcome
+}
+
+/// The exit-code contract (see the module documentation).
+fn map_exit(
+    spec: &CommandSpec,
+    program: &str,
+    status: std::process::ExitStatus,
+    tail: &Mutex<VecDeque<String>>,
+    last_stdout: &Mutex<Option<String>>,
+) -> Result<Outcome, JobError> {
+    use std::os::unix::process::ExitStatusExt as _;
+    match status.code() {
+        Some(0) => Ok(Outcome::Succeeded),
+        Some(c) if c == spec.skipped_exit_code => {
+            let said = lock(last_stdout).clone().filter(|l| !l.trim().is_empty());
+            Ok(Outcome::Skipped(said.unwrap_or_else(|| {
+                format!("`{program}` exited {c}: nothing to do")
+            })))
+        }
+        Some(c) if spec.fatal_exit_codes.contains(&c) => Err(JobError::Fatal(with_tail(
+            format!("`{program}` exited {c} (a fatal exit code: not retried)"),
+            tail,
+        ))),
+        Some(c) => Err(JobError::Retryable(with_tail(
+            format!("`{program}` exited {c}"),
+            tail,
+        ))),
+        None => {
+            let sig = status
+                .signal()
+                .and_then(|s| Signal::try_from(s).ok())
+                .map_or_else(|| "a signal".to_owned(), |s| s.as_str().to_owned());
+            Err(JobError::Retryable(with_tail(
+                format!("`{program}` was killed by {sig}"),
+                tail,
+            )))
+        }
+    }
+}
+
+/// SIGTERM to the group, then SIGKILL after `grace` if the program is still
+/// there.
+async fn terminate(child: &mut Child, group: Pid, grace: Duration) {
+    let _ = killpg(group, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = killpg(group, Signal::SIGKILL);
+        let _ = child.wait().await;
+    }
+    // Members that ignored SIGTERM after the leader left.
+    let _ = killpg(group, Signal::SIGKILL);
+}
+
+/// Runs in the child before exec: ask the kernel for SIGKILL when the worker
+/// dies, so a SIGKILLed worker leaves no orphan writing outside the lease.
+fn die_with_parent() -> std::io::Result<()> {
+    let parent = nix::unistd::getppid();
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+    // The worker may have died between fork and prctl.
+    if nix::unistd::getppid() != parent {
+        // SAFETY: _exit is async-signal-safe and ends only this child.
+        unsafe { nix::libc::_exit(1) };
+    }
+    Ok(())
+}
+
+fn spawn_error(program: &str, e: std::io::Error) -> JobError {
+    use std::io::ErrorKind;
+    match e.kind() {
+        // Another attempt finds the same missing or unusable program.
+        ErrorKind::NotFound => JobError::Fatal(format!(
+            "cannot start `{program}`: not found (is it installed and on the worker's PATH?)"
+        )),
+        ErrorKind::PermissionDenied => JobError::Fatal(format!(
+            "cannot start `{program}`: permission denied (is it executable?)"
+        )),
+        _ => JobError::Retryable(format!("cannot start `{program}`: {e}")),
+    }
+}
+
+/// Logs every line of one output stream and keeps the last few.
+fn forward(
+    stream: Option<impl AsyncRead + Unpin + Send + 'static>,
+    name: &'static str,
+    ctx: &JobContext,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    last: Option<Arc<Mutex<Option<String>>>>,
+) -> tokio::task::JoinHandle<()> {
+    let key = ctx.key.to_string();
+    let attempt = ctx.attempt;
+    tokio::spawn(async move {
+        let Some(stream) = stream else { return };
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match read_line_capped(&mut reader, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']).to_owned();
+            info!(job_key = %key, attempt, stream = name, line = %line, "command output");
+            if let Some(last) = &last {
+                *lock(last) = Some(line.clone());
+            }
+            let mut t = lock(&tail);
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(format!("{name}: {line}"));
+        }
+    })
+}
+
+/// Reads one line, keeping at most [`MAX_LINE_BYTES`] of it (cut on a char
+/// boundary) and discarding the rest, so a program printing without
+/// newlines cannot make the worker's memory grow.
+async fn read_line_capped(
+    reader: &mut (impl AsyncBufReadExt + Unpin),
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            break;
+        }
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = MAX_LINE_BYTES.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        reader.consume(take);
+        total += take;
+        if done {
+            break;
+        }
+    }
+    if buf.len() >= MAX_LINE_BYTES {
+        // Back to the last complete UTF-8 character.
+        let valid = match std::str::from_utf8(buf) {
+            Ok(_) => buf.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        buf.truncate(valid);
+    }
+    Ok(total)
+}
+
+fn with_tail(message: String, tail: &Mutex<VecDeque<String>>) -> String {
+    let t = lock(tail);
+    if t.is_empty() {
+        return message;
+    }
+    let lines: Vec<&str> = t.iter().map(String::as_str).collect();
+    crate::queue::truncate(&format!("{message}; last output: {}", lines.join(" | ")))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking log forwarder leaves valid data behind.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn long_lines_are_cut_on_a_char_boundary() {
+        let mut text = "가".repeat(MAX_LINE_BYTES);
+        text.push_str("\nnext\n");
+        let mut r = BufReader::new(text.as_bytes());
+        let mut buf = Vec::new();
+        let n = read_line_capped(&mut r, &mut buf).await.unwrap();
+        assert_eq!(n, "가".len() * MAX_LINE_BYTES + 1);
+        assert!(buf.len() <= MAX_LINE_BYTES);
+        assert!(std::str::from_utf8(&buf).is_ok());
+        buf.clear();
+        read_line_capped(&mut r, &mut buf).await.unwrap();
+        assert_eq!(buf, b"next\n");
+    }
+
+    #[test]
+    fn exit_codes_map_to_outcomes() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let spec = CommandSpec::new(vec!["x".into()]);
+        let tail = Mutex::new(VecDeque::from(vec!["stderr: boom".to_owned()]));
+        let last = Mutex::new(Some("no orders today".to_owned()));
+        let code = |c: i32| std::process::ExitStatus::from_raw(c << 8);
+        assert_eq!(
+            map_exit(&spec, "x", code(0), &tail, &last).unwrap(),
+            Outcome::Succeeded
+        );
+        assert_eq!(
+            map_exit(&spec, "x", code(3), &tail, &last).unwrap(),
+            Outcome::Skipped("no orders today".into())
+        );
+        for c in [2, 126, 127] {
+            assert!(matches!(
+                map_exit(&spec, "x", code(c), &tail, &last),
+                Err(JobError::Fatal(m)) if m.contains("boom")
+            ));
+        }
+        for c in [1, 4, 75, 255] {
+            assert!(matches!(
+                map_exit(&spec, "x", code(c), &tail, &last),
+                Err(JobError::Retryable(_))
+            ));
+        }
+        // Killed by SIGKILL (raw status 9).
+        assert!(matches!(
+            map_exit(&spec, "x", std::process::ExitStatus::from_raw(9), &tail, &last),
+            Err(JobError::Retryable(m)) if m.contains("SIGKILL")
+        ));
+    }
+}

@@ -1,0 +1,666 @@
+//! `notification-send`: sends the notifications requested for one business
+//! date (`notification_request`), each exactly once per (date, campaign,
+//! customer, channel).
+//!
+//! The protocol, per attempt:
+//! 1. Claim: fenced inserts of one `notification_delivery` row per request
+//!    (`pending`, with an idempotency key derived from its unique key);
+//!    duplicates of an existing delivery are no-ops.
+//! 2. Send: every `pending` delivery goes to the [`Sender`] with its key, then
+//!    a fenced update marks the chunk `sent` (with the provider's message id)
+//!    or `failed` (rejected, e.g. a bad address). A transient error leaves the
+//!    delivery `pending` for the next attempt. A crash between a send and its
+//!    mark resends with the same key, which the provider deduplicates: a
+//!    delivery is never sent under a second key.
+//! 3. Rejections count in the run's `failed_count`; more than
+//!    `max_item_failures` for the date fails the run.
+
+pub mod sender;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use batchonce::config::{KindOptions, OptionError};
+use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
+use chrono::NaiveDate;
+use sqlx::migrate::Migrator;
+use sqlx::{PgPool, Row};
+
+pub use sender::{Message, OutboxSender, Receipt, SendError, Sender, WebhookSender};
+
+/// The job kind's tables: `notification_request` (source) and `notification_delivery`.
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations/notification");
+
+pub const NAME: &str = "notification-send";
+
+/// The kind's own configuration keys.
+const OPTION_KEYS: &[&str] = &[
+    "sender",
+    "outbox_dir",
+    "webhook_url",
+    "webhook_timeout",
+    "webhook_retries",
+    "webhook_token_env",
+];
+
+#[derive(Debug, Clone, Default)]
+pub struct NotificationSend {
+    /// Overrides the configured sender (tests, embedding applications).
+    sender: Option<Arc<dyn Sender>>,
+}
+
+impl NotificationSend {
+    /// Sends through the sender named in the job's configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends through `sender` whatever the configuration says.
+    pub fn with_sender(sender: Arc<dyn Sender>) -> Self {
+        Self {
+            sender: Some(sender),
+        }
+    }
+
+    fn sender(&self, options: &KindOptions) -> Result<Arc<dyn Sender>, JobError> {
+        if let Some(s) = &self.sender {
+            return Ok(s.clone());
+        }
+        build_sender(options).map_err(JobError::Fatal)
+    }
+}
+
+/// The sender the options describe (checked at load by [`check_options`]).
+pub fn build_sender(options: &KindOptions) -> Result<Arc<dyn Sender>, String> {
+    match options.str("sender") {
+        Some("outbox") => Ok(Arc::new(OutboxSender::new(
+            options.str("outbox_dir").unwrap_or(".batchonce/outbox"),
+        ))),
+        Some("webhook") => {
+            let url = options
+                .str("webhook_url")
+                .ok_or("sender = \"webhook\" needs webhook_url")?;
+            let timeout = options
+                .duration("webhook_timeout")
+                .unwrap_or(Duration::from_secs(10));
+            let retries = options.int("webhook_retries").unwrap_or(3) as u32;
+            let bearer = match options.str("webhook_token_env") {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    format!("webhook_token_env names {var}, which is not set in the worker's environment")
+                })?),
+                None => None,
+            };
+            Ok(Arc::new(WebhookSender::new(url, timeout, retries, bearer)?))
+        }
+        Some(other) => Err(format!(
+            "unknown sender {other:?} (expected \"outbox\" or \"webhook\")"
+        )),
+        None => Err(format!(
+            "no sender configured: set sender = \"webhook\" (with webhook_url) or \"outbox\" in [jobs.{NAME}]"
+        )),
+    }
+}
+
+/// Load-time check of the kind's keys: one error naming the key.
+fn check_options(values: &toml::Table) -> Result<(), OptionError> {
+    let string = |k: &str| -> Result<Option<&str>, OptionError> {
+        match values.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| {
+                OptionError::new(k, format!("expected a string, found {}", v.type_str()))
+            }),
+        }
+    };
+    let sender = string("sender")?;
+    match sender {
+        None | Some("outbox") | Some("webhook") => {}
+        Some(other) => {
+            return Err(OptionError::new(
+                "sender",
+                format!("unknown sender {other:?} (expected \"outbox\" or \"webhook\")"),
+            ))
+        }
+    }
+    if let Some(dir) = string("outbox_dir")? {
+        if dir.is_empty() || dir.contains('\0') {
+            return Err(OptionError::new("outbox_dir", "must be a non-empty path"));
+        }
+    }
+    match (sender, string("webhook_url")?) {
+        (Some("webhook"), None) => {
+            return Err(OptionError::new(
+                "webhook_url",
+                "is required with sender = \"webhook\"",
+            ))
+        }
+        (_, Some(url)) => {
+            sender::parse_webhook_url(url).map_err(|m| OptionError::new("webhook_url", m))?;
+        }
+        _ => {}
+    }
+    if let Some(t) = string("webhook_timeout")? {
+        let d = batchonce::config::parse_duration(t)
+            .map_err(|m| OptionError::new("webhook_timeout", m))?;
+        if d > Duration::from_secs(300) {
+            return Err(OptionError::new("webhook_timeout", "must be at most 5m"));
+        }
+    }
+    if let Some(v) = values.get("webhook_retries") {
+        match v.as_integer() {
+            Some(n) if (0..=10).contains(&n) => {}
+            Some(n) => {
+                return Err(OptionError::new(
+                    "webhook_retries",
+                    format!("{n} is out of range 0..=10"),
+                ))
+            }
+            None => {
+                return Err(OptionError::new(
+                    "webhook_retries",
+                    format!("expected an integer, found {}", v.type_str()),
+                ))
+            }
+        }
+    }
+    if let Some(var) = string("webhook_token_env")? {
+        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(OptionError::new(
+                "webhook_token_env",
+                "must be an environment variable name",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The idempotency key of a delivery, from its unique key: the same message
+/// gets the same key in every attempt of every run, and the key is a plain
+/// token safe in headers and file names.
+const IDEMPOTENCY_KEY_SQL: &str = "'bo-' || to_char(business_date, 'YYYYMMDD') || '-' || \
+     encode(sha256(convert_to(campaign || chr(31) || customer_id::text || chr(31) || channel, 'UTF8')), 'hex')";
+
+#[async_trait]
+impl Job for NotificationSend {
+    fn name(&self) -> JobName {
+        // Invariant: NAME is a valid job name (checked by a unit test).
+        JobName::parse(NAME).expect("valid job name")
+    }
+
+    fn default_config(&self) -> JobConfig {
+        JobConfig {
+            chunk_size: 100,
+            // A few bad addresses are normal; many mean broken source data.
+            max_item_failures: Some(100),
+            options: KindOptions {
+                keys: OPTION_KEYS,
+                check: Some(check_options),
+                values: toml::Table::new(),
+            },
+            ..JobConfig::default()
+        }
+    }
+
+    fn migrations(&self) -> Option<&'static Migrator> {
+        Some(&MIGRATIONS)
+    }
+
+    fn demo(&self) -> Option<&dyn JobDemo> {
+        Some(self)
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        let sender = self.sender(&ctx.config.options)?;
+        let requests = claim_deliveries(ctx).await?;
+        if requests == 0 {
+            return Ok(Outcome::Skipped(format!(
+                "no notification requests for {}",
+                ctx.business_date
+            )));
+        }
+        let transient = send_pending(ctx, sender.as_ref()).await?;
+        let (failed, total): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'failed'), count(*) \
+             FROM notification_delivery WHERE business_date = $1",
+        )
+        .bind(ctx.business_date)
+        .fetch_one(ctx.pool())
+        .await?;
+        if let Some(max) = ctx.config.max_item_failures {
+            if failed as u64 > max {
+                return Err(JobError::Fatal(format!(
+                    "{failed} of {total} deliveries for {} were rejected, more than max_item_failures = {max}; \
+                     see notification_delivery.last_error, fix the source, then `batchonce runs rerun`",
+                    ctx.business_date
+                )));
+            }
+        }
+        if let Some((n, last)) = transient {
+            return Err(JobError::Retryable(format!(
+                "{n} deliveries could not be sent yet and stay pending (last error: {last})"
+            )));
+        }
+        Ok(Outcome::Succeeded)
+    }
+}
+
+/// Step 1: one pending delivery per request of the date, chunk by chunk.
+/// Returns how many requests the date has.
+async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
+    let chunk = i64::from(ctx.config.chunk_size);
+    let mut after = i64::MIN;
+    let mut requests = 0;
+    loop {
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let mut tx = ctx.fenced().await?;
+        let row = sqlx::query(&format!(
+            r#"
+            WITH chunk AS (
+                SELECT request_id, business_date, campaign, customer_id, channel, address, body
+                FROM notification_request
+                WHERE business_date = $1 AND request_id > $2
+                ORDER BY request_id
+                LIMIT $3
+            ), ins AS (
+                INSERT INTO notification_delivery
+                    (business_date, campaign, customer_id, channel, address, body, request_id,
+                     idempotency_key, job_key, lease_token)
+                SELECT business_date, campaign, customer_id, channel, address, body, request_id,
+                       {IDEMPOTENCY_KEY_SQL}, $4, $5
+                FROM chunk
+                ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING
+                RETURNING 1
+            )
+            SELECT (SELECT max(request_id) FROM chunk) AS last_id,
+                   (SELECT count(*) FROM chunk) AS scanned
+            "#
+        ))
+        .bind(ctx.business_date)
+        .bind(after)
+        .bind(chunk)
+        .bind(ctx.key.as_str())
+        .bind(ctx.lease_token)
+        .fetch_one(tx.conn())
+        .await?;
+        let last_id: Option<i64> = row.try_get("last_id")?;
+        let scanned: i64 = row.try_get("scanned")?;
+        ctx.commit(tx).await?;
+        requests += scanned;
+        match last_id {
+            Some(id) if scanned == chunk => after = id,
+            _ => return Ok(requests),
+        }
+    }
+}
+
+/// What a send ended as, for the mark statement.
+struct Sent {
+    delivery_id: i64,
+    state: &'static str,
+    message_id: Option<String>,
+    error: Option<String>,
+}
+
+/// Step 2: send every pending delivery of the date and mark it. Returns the
+/// number of transient failures and the last of their errors, if any.
+async fn send_pending(
+    ctx: &JobContext,
+    sender: &dyn Sender,
+) -> Result<Option<(u64, String)>, JobError> {
+    let chunk = i64::from(ctx.config.chunk_size);
+    let mut after = i64::MIN;
+    let mut transient: Option<(u64, String)> = None;
+    let mut first = true;
+    loop {
+        if !first {
+            ctx.pause(ctx.config.chunk_pause).await?;
+        }
+        first = false;
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let rows = sqlx::query(
+            "SELECT delivery_id, idempotency_key, campaign, customer_id, channel, address, body \
+             FROM notification_delivery \
+             WHERE business_date = $1 AND state = 'pending' AND delivery_id > $2 \
+             ORDER BY delivery_id LIMIT $3",
+        )
+        .bind(ctx.business_date)
+        .bind(after)
+        .bind(chunk)
+        .fetch_all(ctx.pool())
+        .await?;
+        if rows.is_empty() {
+            return Ok(transient);
+        }
+        let mut results = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // Stop sending at once on shutdown or lease loss; what was sent
+            // is marked below (or resent with the same key by the next holder).
+            if ctx.is_cancelled() {
+                break;
+            }
+            let delivery_id: i64 = row.try_get("delivery_id")?;
+            let key: String = row.try_get("idempotency_key")?;
+            let campaign: String = row.try_get("campaign")?;
+            let channel: String = row.try_get("channel")?;
+            let address: String = row.try_get("address")?;
+            let body: String = row.try_get("body")?;
+            let m = Message {
+                idempotency_key: &key,
+                business_date: ctx.business_date,
+                campaign: &campaign,
+                customer_id: row.try_get("customer_id")?,
+                channel: &channel,
+                address: &address,
+                body: &body,
+            };
+            let sent = match sender.send(&m).await {
+                Ok(r) => Sent {
+                    delivery_id,
+                    state: "sent",
+                    message_id: Some(r.provider_message_id),
+                    error: None,
+                },
+                Err(SendError::Rejected(e)) => Sent {
+                    delivery_id,
+                    state: "failed",
+                    message_id: None,
+                    error: Some(batchonce::queue::truncate(&e)),
+                },
+                Err(SendError::Transient(e)) => {
+                    let e = batchonce::queue::truncate(&e);
+                    let n = transient.as_ref().map_or(0, |(n, _)| *n);
+                    transient = Some((n + 1, e.clone()));
+                    Sent {
+                        delivery_id,
+                        state: "pending",
+                        message_id: None,
+                        error: Some(e),
+                    }
+                }
+            };
+            results.push(sent);
+        }
+        if let Some(last) = results.last() {
+            after = last.delivery_id;
+            mark(ctx, &results).await?;
+        }
+        if results.len() < rows.len() {
+            return Err(JobError::Cancelled);
+        }
+    }
+}
+
+/// Marks one chunk's sends in one fenced transaction.
+async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
+    let ids: Vec<i64> = results.iter().map(|r| r.delivery_id).collect();
+    let states: Vec<&str> = results.iter().map(|r| r.state).collect();
+    let message_ids: Vec<Option<String>> = results.iter().map(|r| r.message_id.clone()).collect();
+    let errors: Vec<Option<String>> = results.iter().map(|r| r.error.clone()).collect();
+    let mut tx = ctx.fenced().await?;
+    let marked: Vec<String> = sqlx::query_scalar(
+        r#"
+        UPDATE notification_delivery d
+        SET state = u.state,
+            provider_message_id = COALESCE(u.message_id, d.provider_message_id),
+            last_error = u.error,
+            attempts = d.attempts + 1,
+            sent_at = CASE WHEN u.state = 'sent' THEN now() ELSE d.sent_at END,
+            job_key = $5,
+            lease_token = $6,
+            updated_at = now()
+        FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(id, state, message_id, error)
+        WHERE d.delivery_id = u.id AND d.state = 'pending'
+        RETURNING u.state
+        "#,
+    )
+    .bind(&ids)
+    .bind(&states)
+    .bind(&message_ids)
+    .bind(&errors)
+    .bind(ctx.key.as_str())
+    .bind(ctx.lease_token)
+    .fetch_all(tx.conn())
+    .await?;
+    let sent = marked.iter().filter(|s| *s == "sent").count() as i64;
+    let failed = marked.iter().filter(|s| *s == "failed").count() as i64;
+    tx.add_progress(sent, failed);
+    ctx.commit(tx).await?;
+    Ok(())
+}
+
+/// Demo requests per business date (plus one duplicate request and two bad
+/// addresses among them).
+const DEMO_REQUESTS_PER_DAY: i64 = 240;
+
+#[async_trait]
+impl JobDemo for NotificationSend {
+    fn prepare(&self, config: &mut JobConfig, home: &std::path::Path) {
+        let dir = home.join("outbox");
+        let _ = std::fs::remove_dir_all(&dir);
+        config
+            .options
+            .values
+            .insert("sender".into(), toml::Value::String("outbox".into()));
+        config.options.values.insert(
+            "outbox_dir".into(),
+            toml::Value::String(dir.display().to_string()),
+        );
+    }
+
+    async fn seed(
+        &self,
+        pool: &PgPool,
+        _config: &JobConfig,
+        dates: &[NaiveDate],
+    ) -> Result<String, sqlx::Error> {
+        for d in dates {
+            sqlx::query(
+                r#"
+                INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body)
+                SELECT $1, 'daily-digest', g,
+                       CASE WHEN g % 4 = 0 THEN 'sms' ELSE 'email' END,
+                       CASE WHEN g IN (17, 171) THEN 'no-address-on-file'
+                            WHEN g % 4 = 0 THEN '+8210' || lpad(g::text, 8, '0')
+                            ELSE 'customer' || g || '@example.com' END,
+                       'Your digest for ' || $1::text
+                FROM generate_series(1, $2) g
+                "#,
+            )
+            .bind(d)
+            .bind(DEMO_REQUESTS_PER_DAY)
+            .execute(pool)
+            .await?;
+            // The same notification requested twice: it must go out once.
+            sqlx::query(
+                "INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body) \
+                 SELECT business_date, campaign, customer_id, channel, address, body \
+                 FROM notification_request WHERE business_date = $1 AND customer_id = 5",
+            )
+            .bind(d)
+            .execute(pool)
+            .await?;
+        }
+        Ok(format!(
+            "{} requests over {} business days ({DEMO_REQUESTS_PER_DAY} customers a day, one requested twice, two bad addresses), outbox sender",
+            (DEMO_REQUESTS_PER_DAY + 1) * dates.len() as i64,
+            dates.len()
+        ))
+    }
+
+    async fn verify(
+        &self,
+        pool: &PgPool,
+        config: &JobConfig,
+        _key: &batchonce::JobKey,
+        date: NaiveDate,
+    ) -> Result<Verification, sqlx::Error> {
+        let outbox = config
+            .options
+            .str("outbox_dir")
+            .map(std::path::PathBuf::from);
+        verify(pool, date, outbox.as_deref()).await
+    }
+}
+
+/// Compares a date's deliveries with its requests and, given an outbox
+/// folder, with what was actually delivered there.
+pub async fn verify(
+    pool: &PgPool,
+    date: NaiveDate,
+    outbox: Option<&std::path::Path>,
+) -> Result<Verification, sqlx::Error> {
+    let row = sqlx::query(
+        r#"
+        SELECT
+          (SELECT count(*) FROM (SELECT DISTINCT campaign, customer_id, channel
+             FROM notification_request WHERE business_date = $1) r) AS wanted,
+          (SELECT count(*) FROM notification_delivery WHERE business_date = $1) AS deliveries,
+          (SELECT count(*) FROM notification_delivery WHERE business_date = $1 AND state = 'sent') AS sent,
+          (SELECT count(*) FROM notification_delivery WHERE business_date = $1 AND state = 'failed') AS failed,
+          (SELECT count(*) FROM notification_delivery WHERE business_date = $1 AND state = 'pending') AS pending,
+          (SELECT array_agg(idempotency_key) FROM notification_delivery
+            WHERE business_date = $1 AND state = 'sent') AS sent_keys
+        "#,
+    )
+    .bind(date)
+    .fetch_one(pool)
+    .await?;
+    let get = |c: &str| row.try_get::<i64, _>(c);
+    let (wanted, deliveries, sent, failed, pending) = (
+        get("wanted")?,
+        get("deliveries")?,
+        get("sent")?,
+        get("failed")?,
+        get("pending")?,
+    );
+    let sent_keys: Vec<String> = row
+        .try_get::<Option<Vec<String>>, _>("sent_keys")?
+        .unwrap_or_default();
+    let mut ok = wanted == deliveries && pending == 0 && sent + failed == deliveries;
+    let mut detail = format!("{sent} sent, {failed} rejected of {wanted} requested");
+    let mut duplicates = 0;
+    if let Some(dir) = outbox {
+        let report = outbox_report(dir, date, &sent_keys);
+        duplicates = report.second_keys;
+        ok &= report.missing == 0 && report.second_keys == 0;
+        detail.push_str(&format!(
+            "; outbox: {} delivered, {} missing, {} customers sent under a second key",
+            report.delivered, report.missing, report.second_keys
+        ));
+    }
+    Ok(Verification {
+        items: deliveries,
+        duplicates,
+        detail,
+        ok,
+    })
+}
+
+/// What an outbox folder says about one date's sends.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OutboxReport {
+    /// Messages delivered for the date (one file each).
+    pub delivered: i64,
+    /// Deliveries marked sent with no file in the outbox.
+    pub missing: i64,
+    /// (campaign, customer, channel) sent under more than one key: must be 0.
+    pub second_keys: i64,
+    /// Send calls, duplicates included.
+    pub calls: i64,
+}
+
+/// Reads `calls.log` and `sent/` of an outbox folder for one date.
+pub fn outbox_report(dir: &std::path::Path, date: NaiveDate, sent_keys: &[String]) -> OutboxReport {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut report = OutboxReport::default();
+    let mut keys_per_target: BTreeMap<(String, i64, String), BTreeSet<String>> = BTreeMap::new();
+    let log = std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default();
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["business_date"].as_str() != Some(&date.to_string()) {
+            continue;
+        }
+        report.calls += 1;
+        let target = (
+            v["campaign"].as_str().unwrap_or_default().to_owned(),
+            v["customer_id"].as_i64().unwrap_or_default(),
+            v["channel"].as_str().unwrap_or_default().to_owned(),
+        );
+        keys_per_target
+            .entry(target)
+            .or_default()
+            .insert(v["idempotency_key"].as_str().unwrap_or_default().to_owned());
+    }
+    report.second_keys = keys_per_target.values().filter(|k| k.len() > 1).count() as i64;
+    let prefix = format!("bo-{}-", date.format("%Y%m%d"));
+    if let Ok(entries) = std::fs::read_dir(dir.join("sent")) {
+        report.delivered = entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with(&prefix) && n.ends_with(".json")
+            })
+            .count() as i64;
+    }
+    report.missing = sent_keys
+        .iter()
+        .filter(|k| !dir.join("sent").join(format!("{k}.json")).exists())
+        .count() as i64;
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_and_defaults_are_valid() {
+        let job = NotificationSend::new();
+        assert_eq!(job.name().as_str(), NAME);
+        assert_eq!(job.default_config().max_item_failures, Some(100));
+    }
+
+    fn check(text: &str) -> Result<(), OptionError> {
+        check_options(&text.parse::<toml::Table>().unwrap())
+    }
+
+    #[test]
+    fn options_are_checked() {
+        assert!(check("sender = \"outbox\"\noutbox_dir = \"/tmp/x\"").is_ok());
+        assert!(check("sender = \"webhook\"\nwebhook_url = \"https://h.example/n\"\nwebhook_timeout = \"5s\"\nwebhook_retries = 2").is_ok());
+        assert_eq!(check("sender = \"pigeon\"").unwrap_err().key, "sender");
+        assert_eq!(
+            check("sender = \"webhook\"").unwrap_err().key,
+            "webhook_url"
+        );
+        assert_eq!(
+            check("sender = \"webhook\"\nwebhook_url = \"ftp://x\"")
+                .unwrap_err()
+                .key,
+            "webhook_url"
+        );
+        assert_eq!(
+            check("webhook_timeout = \"1h\"").unwrap_err().key,
+            "webhook_timeout"
+        );
+        assert_eq!(
+            check("webhook_retries = 99").unwrap_err().key,
+            "webhook_retries"
+        );
+        assert_eq!(
+            check("webhook_token_env = \"A B\"").unwrap_err().key,
+            "webhook_token_env"
+        );
+        assert_eq!(check("sender = 3").unwrap_err().key, "sender");
+        assert!(build_sender(&KindOptions::default())
+            .unwrap_err()
+            .contains("no sender configured"));
+    }
+}

@@ -1,0 +1,461 @@
+//! Senders: where notification-send hands a message. Every send carries the
+//! delivery's idempotency key, and a sender must treat a second send with
+//! the same key as the same message (deliver nothing new, answer with the
+//! first message id). That is what makes a crash between "sent" and "marked
+//! sent" harmless: the retry sends again with the same key.
+//!
+//! Bundled: [`OutboxSender`], files in a folder (demo, tests, and a spool
+//! another process ships), and [`WebhookSender`], an HTTP POST with the key in
+//! the `Idempotency-Key` header, a timeout and retries.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::NaiveDate;
+use serde::Serialize;
+
+/// One message to send.
+#[derive(Debug, Clone, Serialize)]
+pub struct Message<'a> {
+    pub idempotency_key: &'a str,
+    pub business_date: NaiveDate,
+    pub campaign: &'a str,
+    pub customer_id: i64,
+    pub channel: &'a str,
+    pub address: &'a str,
+    pub body: &'a str,
+}
+
+/// What the provider answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub provider_message_id: String,
+    /// The provider had this key already and sent nothing new.
+    pub duplicate: bool,
+}
+
+/// Why a send did not happen.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SendError {
+    /// The message cannot be delivered, ever (a bad address): the delivery
+    /// is marked failed and counts against `max_item_failures`.
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// Worth trying again later (timeout, 5xx, connection refused): the
+    /// delivery stays pending for the next attempt.
+    #[error("{0}")]
+    Transient(String),
+}
+
+/// A notification provider.
+#[async_trait]
+pub trait Sender: Send + Sync + std::fmt::Debug {
+    async fn send(&self, message: &Message<'_>) -> Result<Receipt, SendError>;
+}
+
+/// Checks an address for its channel, as a provider would before accepting.
+pub fn validate_address(channel: &str, address: &str) -> Result<(), String> {
+    let ok = match channel {
+        "email" => {
+            let mut parts = address.split('@');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(local), Some(domain), None) => {
+                    !local.is_empty()
+                        && domain.contains('.')
+                        && !domain.starts_with('.')
+                        && !domain.ends_with('.')
+                        && !address.chars().any(|c| c.is_whitespace() || c.is_control())
+                }
+                _ => false,
+            }
+        }
+        "sms" => {
+            let digits = address.strip_prefix('+').unwrap_or("");
+            (8..=15).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
+        }
+        "push" => {
+            !address.is_empty()
+                && address.len() <= 4096
+                && address.bytes().all(|b| b.is_ascii_graphic())
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid {channel} address {:?}",
+            batchonce::queue::truncate(address)
+        ))
+    }
+}
+
+/// Writes each message once to `<dir>/sent/<idempotency key>.json` and logs
+/// every call to `<dir>/calls.log`. The file is created with a hard link,
+/// which fails if it exists, so two processes sending the same key deliver it
+/// once between them.
+#[derive(Debug, Clone)]
+pub struct OutboxSender {
+    dir: PathBuf,
+}
+
+impl OutboxSender {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn deliver(&self, m: &Message<'_>) -> std::io::Result<Receipt> {
+        let sent = self.dir.join("sent");
+        std::fs::create_dir_all(&sent)?;
+        // The key is made of [A-Za-z0-9-] (see the delivery table), so it is
+        // a safe file name; anything else is refused rather than escaped.
+        if m.idempotency_key.is_empty()
+            || !m
+                .idempotency_key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "idempotency key is not a plain token",
+            ));
+        }
+        let target = sent.join(format!("{}.json", m.idempotency_key));
+        if let Some(id) = read_message_id(&target)? {
+            return Ok(Receipt {
+                provider_message_id: id,
+                duplicate: true,
+            });
+        }
+        let id = format!(
+            "outbox-{}-{}",
+            std::process::id(),
+            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
+        );
+        let record = serde_json::json!({ "message_id": id, "message": m });
+        let tmp = sent.join(format!(
+            ".{}.{}.tmp",
+            m.idempotency_key,
+            rand::random::<u64>()
+        ));
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(record.to_string().as_bytes())?;
+            f.sync_all()?;
+        }
+        let linked = std::fs::hard_link(&tmp, &target);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(Receipt {
+                provider_message_id: id,
+                duplicate: false,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let id = read_message_id(&target)?.unwrap_or(id);
+                Ok(Receipt {
+                    provider_message_id: id,
+                    duplicate: true,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn log_call(&self, m: &Message<'_>, result: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let line = serde_json::json!({
+            "idempotency_key": m.idempotency_key,
+            "business_date": m.business_date,
+            "campaign": m.campaign,
+            "customer_id": m.customer_id,
+            "channel": m.channel,
+            "result": result,
+            "pid": std::process::id(),
+        });
+        // One write of one short line with O_APPEND: lines from several
+        // processes never interleave.
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("calls.log"))?;
+        f.write_all(format!("{line}\n").as_bytes())
+    }
+}
+
+fn read_message_id(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["message_id"].as_str().map(str::to_owned))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl Sender for OutboxSender {
+    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
+        if let Err(reason) = validate_address(m.channel, m.address) {
+            let _ = self.log_call(m, "rejected");
+            return Err(SendError::Rejected(reason));
+        }
+        let this = self.clone();
+        let owned = OwnedMessage::from(m);
+        let result = tokio::task::spawn_blocking(move || {
+            let m = owned.borrow();
+            let r = this.deliver(&m);
+            let label = match &r {
+                Ok(r) if r.duplicate => "duplicate",
+                Ok(_) => "delivered",
+                Err(_) => "error",
+            };
+            let _ = this.log_call(&m, label);
+            r
+        })
+        .await
+        .map_err(|e| SendError::Transient(format!("outbox task failed: {e}")))?;
+        result.map_err(|e| SendError::Transient(format!("outbox {}: {e}", self.dir.display())))
+    }
+}
+
+/// A message that can cross into a blocking task.
+struct OwnedMessage {
+    idempotency_key: String,
+    business_date: NaiveDate,
+    campaign: String,
+    customer_id: i64,
+    channel: String,
+    address: String,
+    body: String,
+}
+
+impl From<&Message<'_>> for OwnedMessage {
+    fn from(m: &Message<'_>) -> Self {
+        Self {
+            idempotency_key: m.idempotency_key.to_owned(),
+            business_date: m.business_date,
+            campaign: m.campaign.to_owned(),
+            customer_id: m.customer_id,
+            channel: m.channel.to_owned(),
+            address: m.address.to_owned(),
+            body: m.body.to_owned(),
+        }
+    }
+}
+
+impl OwnedMessage {
+    fn borrow(&self) -> Message<'_> {
+        Message {
+            idempotency_key: &self.idempotency_key,
+            business_date: self.business_date,
+            campaign: &self.campaign,
+            customer_id: self.customer_id,
+            channel: &self.channel,
+            address: &self.address,
+            body: &self.body,
+        }
+    }
+}
+
+/// POSTs each message as JSON to a URL with `Idempotency-Key: <key>`.
+/// 2xx is sent (the message id is the response's `message_id`, else its
+/// `X-Message-Id` header, else the key; `Idempotent-Replayed: true` marks a
+/// duplicate); 408, 429, 5xx and network errors are retried up to `retries`
+/// times with backoff, then reported transient; other 4xx are rejections.
+#[derive(Debug, Clone)]
+pub struct WebhookSender {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    retries: u32,
+    bearer: Option<String>,
+}
+
+impl WebhookSender {
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        retries: u32,
+        bearer: Option<String>,
+    ) -> Result<Self, String> {
+        let url = parse_webhook_url(url)?;
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .user_agent(concat!("batchonce/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            client,
+            url,
+            retries,
+            bearer,
+        })
+    }
+
+    async fn once(&self, m: &Message<'_>) -> Result<Receipt, (bool, String)> {
+        let mut req = self
+            .client
+            .post(self.url.clone())
+            .header("Idempotency-Key", m.idempotency_key)
+            .json(m);
+        if let Some(token) = &self.bearer {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.map_err(|e| {
+            let kind = if e.is_timeout() {
+                "timed out"
+            } else if e.is_connect() {
+                "cannot connect"
+            } else {
+                "request failed"
+            };
+            (true, format!("webhook {kind}: {}", without_url(&e)))
+        })?;
+        let status = resp.status();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
+        let header_id = header("x-message-id");
+        // The body is read with a cap: a provider's answer is small.
+        let body = resp.bytes().await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&body[..body.len().min(2048)]).into_owned();
+        if status.is_success() {
+            let id = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["message_id"].as_str().map(str::to_owned))
+                .or(header_id)
+                .unwrap_or_else(|| m.idempotency_key.to_owned());
+            return Ok(Receipt {
+                provider_message_id: id,
+                duplicate: replayed,
+            });
+        }
+        let retry = status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429;
+        Err((retry, format!("webhook answered {status}: {}", text.trim())))
+    }
+}
+
+/// Keeps a URL's credentials out of messages.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(u) = e.url() {
+        s = s.replace(u.as_str(), &redact_url(u));
+    }
+    s
+}
+
+fn redact_url(u: &reqwest::Url) -> String {
+    let mut u = u.clone();
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    u.set_query(None);
+    u.to_string()
+}
+
+/// A webhook URL: http or https with a host.
+pub fn parse_webhook_url(url: &str) -> Result<reqwest::Url, String> {
+    let u = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        return Err(format!(
+            "expected an http:// or https:// URL with a host, found {:?}",
+            redact_url(&u)
+        ));
+    }
+    Ok(u)
+}
+
+#[async_trait]
+impl Sender for WebhookSender {
+    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
+        let mut delay = Duration::from_millis(200);
+        let mut attempt = 0;
+        loop {
+            match self.once(m).await {
+                Ok(r) => return Ok(r),
+                Err((false, msg)) => return Err(SendError::Rejected(msg)),
+                Err((true, msg)) if attempt >= self.retries => {
+                    return Err(SendError::Transient(format!(
+                        "{msg} (after {} tries)",
+                        attempt + 1
+                    )))
+                }
+                Err((true, _)) => {
+                    attempt += 1;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_checked_per_channel() {
+        assert!(validate_address("email", "kim@example.com").is_ok());
+        assert!(validate_address("email", "kim@example").is_err());
+        assert!(validate_address("email", "kim example.com").is_err());
+        assert!(validate_address("email", "a@b@c.com").is_err());
+        assert!(validate_address("email", "kim@exa mple.com").is_err());
+        assert!(validate_address("sms", "+821012345678").is_ok());
+        assert!(validate_address("sms", "01012345678").is_err());
+        assert!(validate_address("sms", "+82-10").is_err());
+        assert!(validate_address("push", "tok_123").is_ok());
+        assert!(validate_address("push", "").is_err());
+        assert!(validate_address("fax", "123").is_err());
+    }
+
+    #[test]
+    fn webhook_urls_must_be_http() {
+        assert!(parse_webhook_url("https://hooks.example.com/notify").is_ok());
+        assert!(parse_webhook_url("ftp://example.com").is_err());
+        assert!(parse_webhook_url("not a url").is_err());
+        let e = parse_webhook_url("file://user:secret@/x").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_outbox_delivers_a_key_once() {
+        let dir = std::env::temp_dir().join(format!("bo-outbox-{}", rand::random::<u64>()));
+        let outbox = OutboxSender::new(&dir);
+        let m = Message {
+            idempotency_key: "bo-20260915-abc",
+            business_date: NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+            campaign: "autumn",
+            customer_id: 7,
+            channel: "email",
+            address: "kim@example.com",
+            body: "hello",
+        };
+        let first = outbox.send(&m).await.unwrap();
+        let second = outbox.send(&m).await.unwrap();
+        assert!(!first.duplicate);
+        assert!(second.duplicate);
+        assert_eq!(first.provider_message_id, second.provider_message_id);
+        let bad = Message {
+            address: "nobody",
+            ..m.clone()
+        };
+        assert!(matches!(
+            outbox.send(&bad).await,
+            Err(SendError::Rejected(_))
+        ));
+        let calls = std::fs::read_to_string(dir.join("calls.log")).unwrap();
+        assert_eq!(calls.lines().count(), 3);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
