@@ -184,11 +184,17 @@ async fn run_command(
     };
     let status = match stop {
         Stop::Exited(s) => s,
+        Stop::Cancelled if ctx.is_lease_lost() => {
+            // Another worker may own the run already: no grace period.
+            let _ = killpg(group, Signal::SIGKILL);
+            warn!(job_key = %ctx.key, pid, "command killed: lease lost");
+            return Err(JobError::LeaseLost);
+        }
         Stop::TimedOut | Stop::Cancelled => {
             terminate(&mut child, group, spec.kill_grace).await;
             let _ = tokio::join!(out, err);
             if matches!(stop, Stop::Cancelled) {
-                warn!(job_key = %ctx.key, pid, "command stopped: shutdown or lease lost");
+                warn!(job_key = %ctx.key, pid, "command stopped: shutdown");
                 return Err(JobError::Cancelled);
             }
             return Err(JobError::Retryable(with_tail(

@@ -823,10 +823,136 @@ on_lease_expiry = "hold"
             .contains("`jobs.daily-settlement.catch_up`: holds about"));
         assert!(err("jobs = 3").contains("`jobs`: must be a table"));
         assert!(err("[jobs.nightly]\n")
-            .contains("`jobs.nightly`: unknown job (registered: daily-settlement)"));
+            .contains("`jobs.nightly`: unknown job (registered: daily-settlement;"));
         assert!(err("[worker]\n").contains("`worker`: unknown key"));
         assert!(err("[jobs.daily-settlement\n").contains("t.toml: line 1"));
         // Every message is one line.
         assert!(!err("[jobs.daily-settlement\n").contains('\n'));
+    }
+
+    #[test]
+    fn command_jobs_are_declared_in_the_file() {
+        let c = Config::parse(
+            r#"
+[jobs.nightly-invoices]
+command = ["node", "invoices.js", "--all"]
+timezone = "Asia/Seoul"
+schedule = "30 2 * * *"
+covers = "previous-day"
+timeout = "20m"
+kill_grace = "5s"
+working_dir = "/srv/invoices"
+skipped_exit_code = 10
+fatal_exit_codes = [2, 64]
+env = { NODE_ENV = "production" }
+"#,
+            "t.toml",
+            &kinds(),
+        )
+        .unwrap();
+        let j = c.job(&JobName::parse("nightly-invoices").unwrap()).unwrap();
+        let spec = j.command.as_ref().unwrap();
+        assert_eq!(spec.argv, ["node", "invoices.js", "--all"]);
+        assert_eq!(spec.timeout, Duration::from_secs(1200));
+        assert_eq!(spec.kill_grace, Duration::from_secs(5));
+        assert_eq!(spec.skipped_exit_code, 10);
+        assert_eq!(spec.fatal_exit_codes, [2, 64]);
+        assert_eq!(spec.env["NODE_ENV"], "production");
+        assert_eq!(j.timezone, chrono_tz::Asia::Seoul);
+        // Defaults.
+        let c = Config::parse("[jobs.x]\ncommand = [\"true\"]\n", "t.toml", &kinds()).unwrap();
+        let spec = c.jobs[&JobName::parse("x").unwrap()]
+            .command
+            .clone()
+            .unwrap();
+        assert_eq!(spec, CommandSpec::new(vec!["true".into()]));
+        assert_eq!(spec.skipped_exit_code, 3);
+    }
+
+    #[test]
+    fn command_job_errors_name_the_key() {
+        assert!(err("[jobs.x]\ncommand = \"node settle.js\"")
+            .contains("`jobs.x.command`: expected an array"));
+        assert!(err("[jobs.x]\ncommand = []").contains("`jobs.x.command`: must name a program"));
+        assert!(err("[jobs.x]\ncommand = [\" \"]").contains("program name is empty"));
+        assert!(err("[jobs.x]\ncommand = [\"a\\u0000b\"]").contains("NUL"));
+        assert!(err("[jobs.x]\ncommand = [1]").contains("expected a string"));
+        let long = format!("[jobs.x]\ncommand = [\"{}\"]", "a".repeat(70_000));
+        assert!(err(&long).contains("longer than 64 KiB"));
+        assert!(err("[jobs.daily-settlement]\ncommand = [\"true\"]")
+            .contains("`jobs.daily-settlement.command`: daily-settlement is a built-in job kind"));
+        assert!(err("[jobs.daily-settlement]\ntimeout = \"5m\"")
+            .contains("`jobs.daily-settlement.timeout`: only a command job"));
+        assert!(err("[jobs.x]\ntimeout = \"5m\"").contains("`jobs.x`: unknown job"));
+        assert!(err("[jobs.x]\ntimeout = \"5m\"").contains("needs `command = [...]`"));
+        assert!(err("[jobs.x]\ncommand = [\"true\"]\ntimeout = \"soon\"")
+            .contains("`jobs.x.timeout`: invalid duration"));
+        assert!(
+            err("[jobs.x]\ncommand = [\"true\"]\ntimeout = \"1s\"\nkill_grace = \"5s\"")
+                .contains("`jobs.x.kill_grace`: must not be longer than timeout")
+        );
+        assert!(err("[jobs.x]\ncommand = [\"true\"]\nskipped_exit_code = 0")
+            .contains("`jobs.x.skipped_exit_code`: 0 is out of range"));
+        assert!(err("[jobs.x]\ncommand = [\"true\"]\nskipped_exit_code = 2")
+            .contains("also in fatal_exit_codes"));
+        assert!(
+            err("[jobs.x]\ncommand = [\"true\"]\nfatal_exit_codes = [300]")
+                .contains("`jobs.x.fatal_exit_codes`: 300 is out of range")
+        );
+        assert!(
+            err("[jobs.x]\ncommand = [\"true\"]\nenv = { \"A B\" = \"1\" }")
+                .contains("not a variable name")
+        );
+        assert!(
+            err("[jobs.x]\ncommand = [\"true\"]\nenv = { BATCHONCE_JOB_KEY = \"k\" }")
+                .contains("set by the worker")
+        );
+        assert!(err("[jobs.x]\ncommand = [\"true\"]\nenv = { A = 1 }")
+            .contains("`jobs.x.env.A`: expected a string"));
+        assert!(err("[jobs.x]\ncommand = [\"true\"]\ncolour = 1")
+            .contains("`jobs.x.colour`: unknown key (expected one of:"));
+        assert!(err("[jobs.\"bad name!\"]\ncommand = [\"true\"]").contains("`jobs.bad name!`"));
+        assert!(
+            err("[jobs.x]\ncommand = [\"true\"]\nmax_item_failures = -1")
+                .contains("`jobs.x.max_item_failures`: -1 is out of range")
+        );
+        assert!(!err("[jobs.x]\ncommand = []").contains('\n'));
+    }
+
+    #[test]
+    fn kind_options_are_checked_by_the_kind() {
+        fn check(t: &toml::Table) -> Result<(), OptionError> {
+            match t.get("sender").and_then(toml::Value::as_str) {
+                Some("outbox") | None => Ok(()),
+                Some(_) => Err(OptionError::new("sender", "unknown sender")),
+            }
+        }
+        let mut k = kinds();
+        k.insert(
+            JobName::parse("notify").unwrap(),
+            JobConfig {
+                options: KindOptions {
+                    keys: &["sender"],
+                    check: Some(check),
+                    values: toml::Table::new(),
+                },
+                ..JobConfig::default()
+            },
+        );
+        let c = Config::parse(
+            "[jobs.notify]\nsender = \"outbox\"\nmax_item_failures = 3",
+            "t.toml",
+            &k,
+        )
+        .unwrap();
+        let j = &c.jobs[&JobName::parse("notify").unwrap()];
+        assert_eq!(j.options.str("sender"), Some("outbox"));
+        assert_eq!(j.max_item_failures, Some(3));
+        let e = Config::parse("[jobs.notify]\nsender = \"pigeon\"", "t.toml", &k)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`jobs.notify.sender`: unknown sender"), "{e}");
+        // Another kind does not take the key.
+        assert!(err("[jobs.daily-settlement]\nsender = \"outbox\"").contains("unknown key"));
     }
 }

@@ -167,6 +167,8 @@ pub struct JobContext {
     pub payload: serde_json::Value,
     pool: PgPool,
     cancel: CancellationToken,
+    /// Set (before `cancel`) when the lease is gone rather than a shutdown.
+    lost: CancellationToken,
     progress: Arc<Progress>,
     clock: Clock,
 }
@@ -193,9 +195,22 @@ impl JobContext {
             payload: lease.payload.clone(),
             pool,
             cancel,
+            lost: CancellationToken::new(),
             progress,
             clock,
         }
+    }
+
+    /// The token the worker cancels when the lease is lost, so a handler can
+    /// tell a lost lease (stop now) from a shutdown (stop cleanly).
+    pub fn with_lease_lost(mut self, lost: CancellationToken) -> Self {
+        self.lost = lost;
+        self
+    }
+
+    /// The lease is gone: nothing this attempt writes can commit.
+    pub fn is_lease_lost(&self) -> bool {
+        self.lost.is_cancelled()
     }
 
     /// A pool for reads (source data). Never write items through it.

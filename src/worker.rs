@@ -268,7 +268,8 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         cancel.clone(),
         progress.clone(),
         shared.clock,
-    );
+    )
+    .with_lease_lost(lost.clone());
     let started = Instant::now();
     info!(
         job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,

@@ -57,35 +57,48 @@ fn check_options(values: &toml::Table) -> Result<(), OptionError> {
     Ok(())
 }
 
+/// Why a snapshot file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Missing or unreadable: it may arrive or become readable later.
+    #[error("{0}")]
+    Unreadable(String),
+    /// Readable but wrong: it stays wrong.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Reads and checks a snapshot file; keeps the highest version of a SKU
 /// listed twice, and returns the levels in SKU order.
-pub fn read_snapshot(path: &Path) -> Result<Vec<StockLevel>, String> {
+pub fn read_snapshot(path: &Path) -> Result<Vec<StockLevel>, SnapshotError> {
+    use SnapshotError::{Invalid, Unreadable};
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let unreadable = |e: std::io::Error| Unreadable(format!("cannot read {shown}: {e}"));
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if meta.len() > MAX_SNAPSHOT_BYTES {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{shown} is {} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
             meta.len()
-        ));
+        )));
     }
-    let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let text = std::fs::read(path).map_err(unreadable)?;
     let levels: Vec<StockLevel> = serde_json::from_slice(&text).map_err(|e| {
-        format!(
+        Invalid(format!(
             "{shown}: not a snapshot (expected [{{\"sku\", \"quantity\", \"version\"}}, ...]): {e}"
-        )
+        ))
     })?;
     let mut by_sku: BTreeMap<String, StockLevel> = BTreeMap::new();
     for (i, l) in levels.into_iter().enumerate() {
         if l.sku.is_empty() || l.sku.chars().count() > 200 || l.sku.contains('\0') {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{shown}: entry {i}: sku must be 1 to 200 characters without NUL"
-            ));
+            )));
         }
         if l.quantity < 0 || l.version < 0 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{shown}: entry {i} ({}): quantity and version must not be negative",
                 batchonce::queue::truncate(&l.sku)
-            ));
+            )));
         }
         match by_sku.get(&l.sku) {
             Some(old) if old.version >= l.version => {}
@@ -139,8 +152,12 @@ impl Job for InventorySync {
                 let levels = tokio::task::spawn_blocking(move || read_snapshot(Path::new(&path)))
                     .await
                     .map_err(|e| JobError::Retryable(format!("snapshot reader failed: {e}")))?
-                    // A bad snapshot stays bad on retry.
-                    .map_err(JobError::Fatal)?;
+                    .map_err(|e| match e {
+                        // Not delivered yet, or a passing I/O error: try again.
+                        SnapshotError::Unreadable(m) => JobError::Retryable(m),
+                        // A bad snapshot stays bad on retry.
+                        SnapshotError::Invalid(m) => JobError::Fatal(m),
+                    })?;
                 sync_levels(ctx, &levels).await
             }
             None => sync_table(ctx).await,
@@ -380,12 +397,15 @@ mod tests {
         ] {
             std::fs::write(&p, bad).unwrap();
             let e = read_snapshot(&p).unwrap_err();
+            assert!(matches!(e, SnapshotError::Invalid(_)));
+            let e = e.to_string();
             assert!(e.contains(want), "{bad}: {e}");
             assert!(!e.contains('\n'));
         }
-        assert!(read_snapshot(&dir.join("absent.json"))
-            .unwrap_err()
-            .contains("cannot read"));
+        assert!(matches!(
+            read_snapshot(&dir.join("absent.json")),
+            Err(SnapshotError::Unreadable(m)) if m.contains("cannot read")
+        ));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -14,3 +14,9 @@ pub fn registry() -> batchonce::Registry {
         .register(notification::NotificationSend::new())
         .register(inventory::InventorySync)
 }
+
+/// Every bundled job kind's migrations (what `batchonce migrate` applies
+/// besides the engine's).
+pub fn migrations() -> Vec<&'static sqlx::migrate::Migrator> {
+    registry().migrations()
+}

@@ -230,7 +230,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
     let Some(prometheus) = tool("prometheus") else {
         return;
     };
-    let db = TestDb::new(&[&settlement::MIGRATIONS]).await;
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
     let dir = scratch("scrape");
     // Two dates: one settles, one has a negative amount and fails fatally.
     let good = NaiveDate::from_ymd_opt(2026, 9, 14).unwrap();

@@ -120,7 +120,7 @@ fn stop(mut child: Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
-    let db = TestDb::new(&[&settlement::MIGRATIONS]).await;
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
     let dir = scratch("operator");
     let cfg = hold_config(&dir);
     seed(&db.pool, 1200).await;
@@ -334,7 +334,7 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_racing_reruns_one_succeeds() {
-    let db = TestDb::new(&[&settlement::MIGRATIONS]).await;
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
     assert!(run(
         &db,
         None,
@@ -409,7 +409,7 @@ async fn ten_racing_reruns_one_succeeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_operator_input_is_refused_and_changes_nothing() {
-    let db = TestDb::new(&[&settlement::MIGRATIONS]).await;
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
     assert!(run(
         &db,
         None,

@@ -21,7 +21,7 @@ fn date() -> NaiveDate {
 }
 
 async fn db() -> TestDb {
-    TestDb::new(&[&settlement::MIGRATIONS]).await
+    TestDb::new(&batchonce_workers::migrations()).await
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -530,7 +530,7 @@ impl OwnCluster {
         let pool = batchonce::db::connect(&url, "restart-test", 2)
             .await
             .unwrap();
-        batchonce::db::migrate(&pool, &[&settlement::MIGRATIONS])
+        batchonce::db::migrate(&pool, &batchonce_workers::migrations())
             .await
             .unwrap();
         let me = Self {
@@ -654,7 +654,11 @@ fn demo_runs_the_whole_system_on_its_private_cluster() {
     assert!(stdout.contains("duplicate daily-settlement:"), "{stdout}");
     assert!(stdout.contains("SIGKILLed demo-worker-"), "{stdout}");
     assert!(stdout.contains("demo passed"), "{stdout}");
-    assert_eq!(stdout.matches(" SUCCEEDED ").count(), 3, "{stdout}");
+    // Three periods of each bundled job kind.
+    assert_eq!(stdout.matches(" SUCCEEDED ").count(), 9, "{stdout}");
+    for kind in ["daily-settlement:", "notification-send:", "inventory-sync:"] {
+        assert!(stdout.contains(&format!("duplicate {kind}")), "{stdout}");
+    }
     // The demo stops the cluster it started, and a second run reuses its data.
     let again = Command::new(BIN)
         .arg("demo")
@@ -744,9 +748,16 @@ async fn racing_producer_processes_enqueue_each_key_once() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(rows.len(), 7);
     assert!(rows.iter().all(|(_, n)| *n == 1));
-    assert_eq!(rows[0].0, "daily-settlement:2026-09-08");
+    let keys: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys.len(), 9, "{keys:?}");
+    assert_eq!(keys[0], "daily-settlement:2026-09-08");
+    // inventory-sync every 15 minutes (UTC), catching up half an hour:
+    // 02:00 Seoul is 17:00 UTC the day before.
+    assert_eq!(
+        keys[7..],
+        ["inventory-sync:2026-09-14T16:45", "inventory-sync:2026-09-14T17:00"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -900,10 +911,12 @@ async fn a_producer_survives_a_database_restart() {
         .spawn()
         .unwrap();
     let count = |pool: PgPool| async move {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM batch_job_run")
-            .fetch_one(&pool)
-            .await
-            .unwrap_or(0)
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM batch_job_run WHERE job_key LIKE 'daily-settlement:%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(0)
     };
     wait_until("the first tick", Duration::from_secs(10), || {
         let p = pool.clone();

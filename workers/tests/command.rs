@@ -1,0 +1,614 @@
+//! Command jobs end to end: the built `batchonce` binary runs shell and
+//! Node.js programs declared in a config file, against real PostgreSQL. The
+//! environment contract, the exit-code mapping, the timeout, the process
+//! group stopped on SIGTERM and killed on lease loss, the SQL fence, and
+//! exact items after the worker is SIGKILLed mid-run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use batchonce::queue::{self, ClaimSpec, NewRun};
+use batchonce::testing::{wait_until, TestDb};
+use batchonce::{Clock, JobKey, JobName};
+use chrono::NaiveDate;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sqlx::PgPool;
+
+const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+
+fn scratch(name: &str) -> PathBuf {
+    batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
+}
+
+fn batchonce(db: &TestDb, config: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DATABASE_URL", &db.url)
+        .env_remove("BATCHONCE_CONFIG")
+        .env("RUST_LOG", "info")
+        .arg("--config")
+        .arg(config);
+    c
+}
+
+fn spawn_worker(db: &TestDb, config: &Path, dir: &Path, id: &str) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
+    batchonce(db, config)
+        .args(["--log-format", "json", "worker", "--worker-id", id])
+        .args([
+            "--concurrency",
+            "6",
+            "--poll-interval",
+            "200ms",
+            "--grace",
+            "5s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn enqueue(db: &TestDb, config: &Path, job: &str) {
+    let out = batchonce(db, config)
+        .args(["enqueue", job, "--date", "2026-09-15"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stop(mut child: Child) -> std::process::ExitStatus {
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    for _ in 0..300 {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("worker did not stop within 15s of SIGTERM");
+}
+
+async fn run_row(pool: &PgPool, key: &str) -> (String, i32, Option<String>) {
+    sqlx::query_as("SELECT status, attempts, error_message FROM batch_job_run WHERE job_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn wait_status(pool: &PgPool, key: &str, want: &[&str]) {
+    let pool = pool.clone();
+    let what = format!("{key} to be {want:?}");
+    wait_until(&what, Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let s: Option<String> =
+                sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+                    .bind(key)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap();
+            s.is_some_and(|s| want.contains(&s.as_str()))
+        }
+    })
+    .await;
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is gone for our purposes: it runs nothing.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn wait_pid_file(path: &Path) -> i32 {
+    let p = path.to_owned();
+    wait_until(
+        &format!("{}", path.display()),
+        Duration::from_secs(30),
+        || {
+            let p = p.clone();
+            async move {
+                std::fs::read_to_string(&p).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
+            }
+        },
+    )
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn wait_dead(pid: i32, what: &str) {
+    wait_until(what, Duration::from_secs(10), || async move { !alive(pid) }).await;
+}
+
+/// A script that starts a background `sleep` in its group, writes both
+/// pids, notes SIGTERM, and waits.
+fn long_script(out: &Path) -> String {
+    format!(
+        "trap 'echo TERM >> {o}/term.log; exit 143' TERM; sleep 300 & echo $! > {o}/bg.pid; echo $$ > {o}/sh.pid; wait",
+        o = out.display()
+    )
+}
+
+#[tokio::test]
+async fn the_environment_exit_codes_and_timeout_follow_the_contract() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("cmd-contract");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[jobs.cmd-env]
+command = ["sh", "-c", "env | grep -E '^(BATCHONCE_|DATABASE_URL=|EXTRA=)' | sort > \"$OUT/env.txt\"; pwd > \"$OUT/pwd.txt\"; echo hello from the script; echo warning on stderr >&2"]
+env = {{ OUT = "{out}", EXTRA = "yes" }}
+working_dir = "{dir}"
+timezone = "Asia/Seoul"
+
+[jobs.cmd-skip]
+command = ["sh", "-c", "echo checking; echo no orders for $BATCHONCE_BUSINESS_DATE; exit 3"]
+
+[jobs.cmd-fatal]
+command = ["sh", "-c", "echo the input file is corrupt >&2; exit 2"]
+max_attempts = 3
+
+[jobs.cmd-retry]
+command = ["sh", "-c", "echo attempt $BATCHONCE_ATTEMPT >&2; [ \"$BATCHONCE_ATTEMPT\" -ge 2 ] && exit 0; exit 1"]
+max_attempts = 3
+backoff = "200ms"
+
+[jobs.cmd-missing]
+command = ["./no-such-program"]
+
+[jobs.cmd-timeout]
+command = ["sh", "-c", "{long}"]
+env = {{ OUT = "{out}" }}
+timeout = "1s"
+kill_grace = "500ms"
+max_attempts = 1
+"#,
+            out = out.display(),
+            dir = dir.display(),
+            long = long_script(&out),
+        ),
+    )
+    .unwrap();
+    for job in [
+        "cmd-env",
+        "cmd-skip",
+        "cmd-fatal",
+        "cmd-retry",
+        "cmd-missing",
+        "cmd-timeout",
+    ] {
+        enqueue(&db, &cfg, job);
+    }
+    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let keys = [
+        "cmd-env:2026-09-15",
+        "cmd-skip:2026-09-15",
+        "cmd-fatal:2026-09-15",
+        "cmd-retry:2026-09-15",
+        "cmd-missing:2026-09-15",
+        "cmd-timeout:2026-09-15",
+    ];
+    for k in keys {
+        wait_status(&db.pool, k, &["SUCCEEDED", "SKIPPED", "FAILED"]).await;
+    }
+    assert!(stop(worker).success());
+
+    // Environment: the run's identity and lease token, the database URL,
+    // and the configured extras; the configured working directory.
+    let (status, attempts, _) = run_row(&db.pool, keys[0]).await;
+    assert_eq!((status.as_str(), attempts), ("SUCCEEDED", 1));
+    let token: i64 =
+        sqlx::query_scalar("SELECT lease_token FROM batch_job_attempt WHERE job_key = $1")
+            .bind(keys[0])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let env = std::fs::read_to_string(out.join("env.txt")).unwrap();
+    for want in [
+        "BATCHONCE_JOB_KEY=cmd-env:2026-09-15".to_owned(),
+        "BATCHONCE_JOB_NAME=cmd-env".to_owned(),
+        "BATCHONCE_BUSINESS_DATE=2026-09-15".to_owned(),
+        "BATCHONCE_ATTEMPT=1".to_owned(),
+        format!("BATCHONCE_LEASE_TOKEN={token}"),
+        "BATCHONCE_WORKER_ID=w1".to_owned(),
+        "BATCHONCE_TIMEZONE=Asia/Seoul".to_owned(),
+        "BATCHONCE_PAYLOAD={}".to_owned(),
+        format!("BATCHONCE_DATABASE_URL={}", db.url),
+        format!("DATABASE_URL={}", db.url),
+        "EXTRA=yes".to_owned(),
+    ] {
+        assert!(
+            env.lines().any(|l| l == want),
+            "{want} missing from:\n{env}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(out.join("pwd.txt")).unwrap().trim(),
+        std::fs::canonicalize(&dir).unwrap().display().to_string()
+    );
+    // Output reaches the worker's log, line by line, with its stream.
+    let log = std::fs::read_to_string(dir.join("w1.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let said = |stream: &str, text: &str| {
+        lines.iter().any(|l| {
+            l["stream"] == stream && l["line"] == text && l["job_key"] == "cmd-env:2026-09-15"
+        })
+    };
+    assert!(said("stdout", "hello from the script"), "{log}");
+    assert!(said("stderr", "warning on stderr"), "{log}");
+
+    // Exit 3: SKIPPED with the last line printed as the reason.
+    let (status, _, reason) = run_row(&db.pool, keys[1]).await;
+    assert_eq!(status, "SKIPPED");
+    assert_eq!(reason.as_deref(), Some("no orders for 2026-09-15"));
+    // Exit 2: FAILED at once, with the program's last words.
+    let (status, attempts, error) = run_row(&db.pool, keys[2]).await;
+    assert_eq!((status.as_str(), attempts), ("FAILED", 1));
+    let error = error.unwrap();
+    assert!(
+        error.contains("exited 2") && error.contains("the input file is corrupt"),
+        "{error}"
+    );
+    // Exit 1: retried; the second attempt succeeds.
+    let (status, attempts, _) = run_row(&db.pool, keys[3]).await;
+    assert_eq!((status.as_str(), attempts), ("SUCCEEDED", 2));
+    // A program that does not exist fails at once with a clear reason.
+    let (status, attempts, error) = run_row(&db.pool, keys[4]).await;
+    assert_eq!((status.as_str(), attempts), ("FAILED", 1));
+    assert!(error
+        .unwrap()
+        .contains("cannot start `./no-such-program`: not found"));
+    // Timeout: the whole group is stopped, the attempt counts as failed.
+    let (status, attempts, error) = run_row(&db.pool, keys[5]).await;
+    assert_eq!((status.as_str(), attempts), ("FAILED", 1));
+    assert!(error.unwrap().contains("timed out after 1s"));
+    for pid in ["sh.pid", "bg.pid"] {
+        let pid = wait_pid_file(&out.join(pid)).await;
+        wait_dead(pid, pid_what(pid)).await;
+    }
+    assert!(std::fs::read_to_string(out.join("term.log"))
+        .unwrap()
+        .contains("TERM"));
+}
+
+fn pid_what(_pid: i32) -> &'static str {
+    "the timed-out program's processes to be gone"
+}
+
+#[tokio::test]
+async fn a_lost_lease_kills_the_process_group_and_shutdown_stops_it() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("cmd-group");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.cmd-long]\ncommand = [\"sh\", \"-c\", \"{}\"]\nlease_ttl = \"2s\"\nkill_grace = \"3s\"\n",
+            long_script(&out)
+        ),
+    )
+    .unwrap();
+    let key = "cmd-long:2026-09-15";
+    enqueue(&db, &cfg, "cmd-long");
+    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let sh = wait_pid_file(&out.join("sh.pid")).await;
+    let bg = wait_pid_file(&out.join("bg.pid")).await;
+    assert!(alive(sh) && alive(bg));
+    // An operator fails the run: its token changes, the worker's next
+    // heartbeat finds the lease gone, and the group is killed outright.
+    let o = batchonce(&db, &cfg)
+        .args([
+            "runs",
+            "fail",
+            key,
+            "--reason",
+            "stuck report",
+            "--operator",
+            "kim",
+            "--force",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_dead(sh, "the script to be killed").await;
+    wait_dead(bg, "its background child to be killed").await;
+    assert!(
+        !out.join("term.log").exists(),
+        "a lost lease kills at once, without SIGTERM"
+    );
+    assert_eq!(run_row(&db.pool, key).await.0, "FAILED");
+
+    // The same worker carries on: a re-run starts the program again, and
+    // SIGTERM to the worker stops the group with SIGTERM and releases it.
+    for f in ["sh.pid", "bg.pid"] {
+        std::fs::remove_file(out.join(f)).unwrap();
+    }
+    let o = batchonce(&db, &cfg)
+        .args([
+            "runs",
+            "rerun",
+            key,
+            "--reason",
+            "again",
+            "--operator",
+            "kim",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sh = wait_pid_file(&out.join("sh.pid")).await;
+    let bg = wait_pid_file(&out.join("bg.pid")).await;
+    assert!(stop(worker).success());
+    assert!(!alive(sh) && !alive(bg));
+    assert!(std::fs::read_to_string(out.join("term.log"))
+        .unwrap()
+        .contains("TERM"));
+    let (status, _, _) = run_row(&db.pool, key).await;
+    assert_eq!(status, "PENDING", "released for another worker");
+    let log = std::fs::read_to_string(dir.join("w1.log")).unwrap();
+    assert!(log.contains("lease lost"), "{log}");
+}
+
+#[tokio::test]
+async fn a_sigkilled_worker_takes_its_program_with_it() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("cmd-pdeathsig");
+    let cfg = dir.join("batchonce.toml");
+    let pid_file = dir.join("sleep.pid");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.cmd-sleep]\ncommand = [\"sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    enqueue(&db, &cfg, "cmd-sleep");
+    let mut worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let pid = wait_pid_file(&pid_file).await;
+    assert!(alive(pid));
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    wait_dead(pid, "the program of the SIGKILLed worker to die").await;
+}
+
+#[tokio::test]
+async fn the_sql_fence_refuses_a_token_that_lost_the_lease() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let job = JobName::parse("cmd-x").unwrap();
+    let key = JobKey::parse("cmd-x:2026-09-15").unwrap();
+    queue::enqueue(
+        &db.pool,
+        &[NewRun {
+            key: key.clone(),
+            job: job.clone(),
+            business_date: NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+            max_attempts: 3,
+            payload: serde_json::json!({}),
+            skip_reason: None,
+        }],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    let spec = ClaimSpec {
+        job,
+        lease_ttl: Duration::from_secs(30),
+    };
+    let lease = queue::claim(&db.pool, "t", &[spec], 1, Clock::Db)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    let fence = |token: i64| {
+        sqlx::query("SELECT batchonce_fence($1, $2)")
+            .bind(key.as_str())
+            .bind(token)
+            .execute(&db.pool)
+    };
+    fence(lease.token).await.unwrap();
+    let err = fence(lease.token + 1).await.unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("BO001"));
+    assert!(db_err.message().contains("lease lost for cmd-x:2026-09-15"));
+    // Inside a transaction the refusal aborts it: nothing written commits.
+    sqlx::query("CREATE TABLE t_item (n int)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO t_item VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(sqlx::query("SELECT batchonce_fence($1, $2)")
+        .bind(key.as_str())
+        .bind(lease.token + 1)
+        .execute(&mut *tx)
+        .await
+        .is_err());
+    assert!(
+        tx.commit().await.is_err() || {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t_item")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            n == 0
+        }
+    );
+    // After the run finishes, even the old holder's token is refused.
+    queue::finish(
+        &db.pool,
+        &lease.fence(),
+        &queue::Finish::Succeeded,
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert!(fence(lease.token).await.is_err());
+}
+
+/// The Node.js example of the README: `examples/node-invoices`, SIGKILLed
+/// mid-run, retried by another worker, every invoice written once. Needs
+/// `npm ci` in that folder (`.ci/run` does it); elsewhere it says so and
+/// passes, except under CI, where a missing install is a failure.
+#[tokio::test]
+async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/node-invoices");
+    let example = std::fs::canonicalize(example).unwrap();
+    if !example.join("node_modules/pg").is_dir() {
+        let msg = format!(
+            "examples/node-invoices has no node_modules: run `npm ci --prefix {}`",
+            example.display()
+        );
+        assert!(std::env::var("CI").is_err(), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    }
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    sqlx::raw_sql(&std::fs::read_to_string(example.join("schema.sql")).unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO subscription SELECT g, 1000 + g FROM generate_series(1, 2000) g")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let dir = scratch("cmd-node");
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.nightly-invoices]\ncommand = [\"node\", \"invoices.js\"]\nworking_dir = \"{}\"\n\
+             env = {{ INVOICE_CHUNK = \"50\", INVOICE_PAUSE_MS = \"40\" }}\nlease_ttl = \"2s\"\nbackoff = \"500ms\"\n",
+            example.display()
+        ),
+    )
+    .unwrap();
+    let key = "nightly-invoices:2026-09-15";
+    enqueue(&db, &cfg, "nightly-invoices");
+    let mut first = spawn_worker(&db, &cfg, &dir, "n1");
+    let pool = db.pool.clone();
+    wait_until("invoices under way", Duration::from_secs(30), || {
+        let pool = pool.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM invoice")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            n >= 300
+        }
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let second = spawn_worker(&db, &cfg, &dir, "n2");
+    wait_status(&db.pool, key, &["SUCCEEDED", "FAILED"]).await;
+    assert!(stop(second).success());
+    let (status, attempts, _) = run_row(&db.pool, key).await;
+    assert_eq!((status.as_str(), attempts), ("SUCCEEDED", 2));
+    let (n, distinct, total): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT customer_id), sum(amount_minor)::bigint FROM invoice",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((n, distinct), (2000, 2000));
+    assert_eq!(total, (1..=2000i64).map(|g| 1000 + g).sum::<i64>());
+    // Every invoice carries the token of one of the run's two attempts.
+    let foreign: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM invoice WHERE lease_token NOT IN \
+         (SELECT lease_token FROM batch_job_attempt WHERE job_key = $1)",
+    )
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(foreign, 0);
+    let log = std::fs::read_to_string(dir.join("n2.log")).unwrap();
+    assert!(log.contains("new invoices"), "{log}");
+    // With nothing to invoice, the script exits 3 and the run is SKIPPED.
+    sqlx::query("DELETE FROM subscription")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let o = batchonce(&db, &cfg)
+        .args(["enqueue", "nightly-invoices", "--date", "2026-09-16"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let w = spawn_worker(&db, &cfg, &dir, "n3");
+    let key2 = "nightly-invoices:2026-09-16";
+    wait_status(&db.pool, key2, &["SKIPPED", "FAILED", "SUCCEEDED"]).await;
+    assert!(stop(w).success());
+    let (status, _, reason) = run_row(&db.pool, key2).await;
+    assert_eq!(status, "SKIPPED");
+    assert_eq!(
+        reason.as_deref(),
+        Some("no subscriptions to invoice for 2026-09-16")
+    );
+}
+
+#[test]
+fn a_command_job_with_bad_config_is_refused_with_one_line() {
+    let dir = scratch("cmd-bad");
+    for (text, want) in [
+        (
+            "[jobs.x]\ncommand = \"node x.js\"",
+            "`jobs.x.command`: expected an array",
+        ),
+        (
+            "[jobs.x]\ncommand = []",
+            "`jobs.x.command`: must name a program",
+        ),
+        ("[jobs.x]\ntimeout = \"5m\"", "`jobs.x`: unknown job"),
+        (
+            "[jobs.x]\ncommand = [\"true\"]\ntimeout = \"never\"",
+            "`jobs.x.timeout`: invalid duration",
+        ),
+        (
+            "[jobs.daily-settlement]\ncommand = [\"true\"]",
+            "built-in job kind",
+        ),
+    ] {
+        let cfg = dir.join("bad.toml");
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(BIN)
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .arg("--config")
+            .arg(&cfg)
+            .args(["enqueue", "x", "--date", "2026-09-15"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
