@@ -251,10 +251,11 @@ async fn a_snapshot_file_that_is_missing_retries_and_a_bad_one_fails() {
         || {
             let pool = pool.clone();
             async move {
-                let e: Option<String> = sqlx::query_scalar("SELECT error_message FROM batch_job_run")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
+                let e: Option<String> =
+                    sqlx::query_scalar("SELECT error_message FROM batch_job_run")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
                 e.is_some_and(|e| e.contains("cannot read"))
             }
         },

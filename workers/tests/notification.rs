@@ -416,6 +416,46 @@ async fn the_webhook_sender_posts_with_the_idempotency_key_and_retries() {
 }
 
 #[tokio::test]
+async fn a_slow_webhook_times_out_and_the_delivery_stays_pending() {
+    let db = db().await;
+    seed(&db.pool, 2, &[]).await;
+    enqueue(&db.pool, 1).await;
+    let app = axum::Router::new().route(
+        "/slow",
+        axum::routing::post(|| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            "{}"
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let job = NotificationSend::new();
+    let cfg = config(
+        &job,
+        &format!(
+            "sender = \"webhook\"\nwebhook_url = \"http://{addr}/slow\"\nwebhook_timeout = \"300ms\"\nwebhook_retries = 1\n"
+        ),
+    );
+    let started = std::time::Instant::now();
+    let (status, attempts, _, _, error) = run_to_end(&db, job, cfg).await;
+    assert_eq!((status.as_str(), attempts), ("FAILED", 1));
+    let e = error.unwrap();
+    assert!(
+        e.contains("timed out") && e.contains("after 2 tries"),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the timeout was not enforced"
+    );
+    assert_eq!(
+        delivery_states(&db.pool).await,
+        BTreeMap::from([("pending".into(), 2)])
+    );
+}
+
+#[tokio::test]
 async fn an_unreachable_webhook_leaves_deliveries_pending_and_retries_the_run() {
     let db = db().await;
     seed(&db.pool, 5, &[]).await;

@@ -756,7 +756,10 @@ async fn racing_producer_processes_enqueue_each_key_once() {
     // 02:00 Seoul is 17:00 UTC the day before.
     assert_eq!(
         keys[7..],
-        ["inventory-sync:2026-09-14T16:45", "inventory-sync:2026-09-14T17:00"]
+        [
+            "inventory-sync:2026-09-14T16:45",
+            "inventory-sync:2026-09-14T17:00"
+        ]
     );
 }
 
