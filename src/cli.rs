@@ -137,6 +137,20 @@ enum Command {
     },
     /// Counts per job and status, oldest pending run, stale runs.
     Status,
+    /// Prints (or applies) SQL for least-privilege roles: migrator,
+    /// producer, worker, operator, read-only.
+    Roles {
+        /// Role names are PREFIX_migrator, PREFIX_producer, ...
+        #[arg(long, default_value = "batchonce")]
+        prefix: String,
+        /// The schema the tables are in (when printing).
+        #[arg(long, default_value = "public")]
+        schema: String,
+        /// Applies the SQL on DATABASE_URL (as a role with CREATEROLE that
+        /// owns the tables) instead of printing it.
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -515,6 +529,25 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         Command::Runs { command } => {
             let pool = db::connect(require_url(&cli)?, "batchonce-runs", 2).await?;
             runs_command(&pool, &registry, &config, command, cli.json).await
+        }
+        Command::Roles {
+            prefix,
+            schema,
+            apply,
+        } => {
+            if *apply {
+                let pool = db::connect(require_url(&cli)?, "batchonce-roles", 1).await?;
+                crate::roles::apply(&pool, prefix).await?;
+                println!(
+                    "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator and {prefix}_readonly are in place"
+                );
+            } else {
+                print!(
+                    "{}",
+                    crate::roles::sql(prefix, schema).map_err(|e| anyhow!(e))?
+                );
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;

@@ -143,6 +143,14 @@ async fn run_command(
         // process the program starts, and a terminal's ^C does not.
         .process_group(0);
     if let Some(dir) = &spec.working_dir {
+        // Checked here: a missing directory would otherwise be reported by
+        // spawn as the program not being found.
+        if !dir.is_dir() {
+            return Err(JobError::Fatal(format!(
+                "working_dir {} does not exist or is not a directory",
+                dir.display()
+            )));
+        }
         cmd.current_dir(dir);
     }
     // SAFETY: the closure runs in the forked child before exec and calls

@@ -17,6 +17,7 @@ pub mod key;
 mod preflight;
 pub mod producer;
 pub mod queue;
+pub mod roles;
 pub mod schedule;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -37,6 +37,12 @@ fn server_url() -> &'static str {
     })
 }
 
+/// The server tests create databases on (for tests that need another
+/// connection to it, e.g. to create roles).
+pub fn server() -> &'static str {
+    server_url()
+}
+
 /// A database of its own for one test, dropped when the value is dropped.
 pub struct TestDb {
     pub name: String,
@@ -48,6 +54,15 @@ pub struct TestDb {
 impl TestDb {
     /// A fresh, migrated database (engine tables plus the given job kinds').
     pub async fn new(kinds: &[&'static Migrator]) -> Self {
+        let db = Self::empty().await;
+        db::migrate(&db.pool, kinds)
+            .await
+            .unwrap_or_else(|e| panic!("migrate test database: {e}"));
+        db
+    }
+
+    /// A fresh database with nothing in it.
+    pub async fn empty() -> Self {
         let server = server_url();
         let name = format!(
             "bo_test_{}_{:08x}",
@@ -66,9 +81,6 @@ impl TestDb {
         let pool = db::connect(&url, "batchonce-test", 16)
             .await
             .unwrap_or_else(|e| panic!("connect test database: {e}"));
-        db::migrate(&pool, kinds)
-            .await
-            .unwrap_or_else(|e| panic!("migrate test database: {e}"));
         Self { name, url, pool }
     }
 }

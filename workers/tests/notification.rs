@@ -293,6 +293,44 @@ async fn rejections_count_and_fail_the_run_only_beyond_the_threshold() {
                 e.contains("2 of 30 deliveries") && e.contains("max_item_failures = 1"),
                 "{e}"
             );
+            // The operator corrects the addresses and re-runs: the rejected
+            // deliveries go out (under their same keys), nothing else twice.
+            sqlx::query(
+                "UPDATE notification_request SET address = 'fixed' || customer_id || '@example.com' \
+                 WHERE address = 'nobody'",
+            )
+            .execute(&db.pool)
+            .await
+            .unwrap();
+            let out = Command::new(BIN)
+                .env("DATABASE_URL", &db.url)
+                .args([
+                    "runs",
+                    "rerun",
+                    key().as_str(),
+                    "--reason",
+                    "addresses fixed",
+                    "--operator",
+                    "kim",
+                ])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let job = NotificationSend::with_sender(Arc::new(TestSender::new(&dir)));
+            let cfg = config(&job, &format!("max_item_failures = {threshold}\n"));
+            let (status, _, processed, _, error) = run_to_end(&db, job, cfg).await;
+            assert_eq!(status, "SUCCEEDED", "{error:?}");
+            assert_eq!(processed, 30, "28 before the re-run and the 2 corrected");
+            assert_eq!(
+                delivery_states(&db.pool).await,
+                BTreeMap::from([("sent".into(), 30)])
+            );
+            let report = outbox_report(&dir, date(), &[]);
+            assert_eq!((report.delivered, report.second_keys), (30, 0));
         }
     }
 }

@@ -230,7 +230,8 @@ impl Job for NotificationSend {
             if failed as u64 > max {
                 return Err(JobError::Fatal(format!(
                     "{failed} of {total} deliveries for {} were rejected, more than max_item_failures = {max}; \
-                     see notification_delivery.last_error, fix the source, then `batchonce runs rerun`",
+                     see notification_delivery.last_error, correct the requests, then `batchonce runs rerun` \
+                     (a corrected request is sent again)",
                     ctx.business_date
                 )));
             }
@@ -263,14 +264,32 @@ async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
                 WHERE business_date = $1 AND request_id > $2
                 ORDER BY request_id
                 LIMIT $3
+            ), latest AS (
+                -- One row per delivery key (the latest request wins), since
+                -- one statement cannot update a row twice.
+                SELECT DISTINCT ON (campaign, customer_id, channel) *
+                FROM chunk
+                ORDER BY campaign, customer_id, channel, request_id DESC
             ), ins AS (
-                INSERT INTO notification_delivery
+                INSERT INTO notification_delivery AS d
                     (business_date, campaign, customer_id, channel, address, body, request_id,
                      idempotency_key, job_key, lease_token)
                 SELECT business_date, campaign, customer_id, channel, address, body, request_id,
                        {IDEMPOTENCY_KEY_SQL}, $4, $5
-                FROM chunk
-                ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING
+                FROM latest
+                ON CONFLICT ON CONSTRAINT notification_delivery_key DO UPDATE
+                -- A rejected delivery whose request was corrected (a fixed
+                -- address) goes out again, under the same key: it was never
+                -- delivered. Sent and pending deliveries are never touched.
+                SET address = EXCLUDED.address,
+                    body = EXCLUDED.body,
+                    request_id = EXCLUDED.request_id,
+                    state = 'pending',
+                    job_key = EXCLUDED.job_key,
+                    lease_token = EXCLUDED.lease_token,
+                    updated_at = now()
+                WHERE d.state = 'failed'
+                  AND (d.address, d.body) IS DISTINCT FROM (EXCLUDED.address, EXCLUDED.body)
                 RETURNING 1
             )
             SELECT (SELECT max(request_id) FROM chunk) AS last_id,
@@ -299,6 +318,8 @@ async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
 struct Sent {
     delivery_id: i64,
     state: &'static str,
+    /// The provider answered with an earlier send of the same key.
+    replayed: bool,
     message_id: Option<String>,
     error: Option<String>,
 }
@@ -361,12 +382,14 @@ async fn send_pending(
                 Ok(r) => Sent {
                     delivery_id,
                     state: "sent",
+                    replayed: r.duplicate,
                     message_id: Some(r.provider_message_id),
                     error: None,
                 },
                 Err(SendError::Rejected(e)) => Sent {
                     delivery_id,
                     state: "failed",
+                    replayed: false,
                     message_id: None,
                     error: Some(batchonce::queue::truncate(&e)),
                 },
@@ -377,6 +400,7 @@ async fn send_pending(
                     Sent {
                         delivery_id,
                         state: "pending",
+                        replayed: false,
                         message_id: None,
                         error: Some(e),
                     }
@@ -425,6 +449,14 @@ async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
     .bind(ctx.lease_token)
     .fetch_all(tx.conn())
     .await?;
+    let replayed = results
+        .iter()
+        .filter(|r| r.state == "sent" && r.replayed)
+        .count();
+    if replayed > 0 {
+        // Sent before a crash or a lost lease, and recognised by its key.
+        tracing::info!(job_key = %ctx.key, replayed, "the provider already had these keys: nothing sent twice");
+    }
     let sent = marked.iter().filter(|s| *s == "sent").count() as i64;
     let failed = marked.iter().filter(|s| *s == "failed").count() as i64;
     tx.add_progress(sent, failed);

@@ -1,0 +1,233 @@
+//! Least privilege: `batchonce roles --apply` before and after `migrate`
+//! (run by the migrator role, which then owns the tables), then every part
+//! of the system under its own role: the producer enqueues, a worker settles
+//! a date, an operator re-runs, the read-only role inspects, and each is
+//! refused what it must not do (deleting items, rewriting the audit trail).
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use batchonce::testing::{wait_until, TestDb};
+use batchonce_workers::settlement;
+use chrono::NaiveDate;
+
+const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+
+fn as_user(url: &str, user: &str) -> String {
+    let mut u = url::Url::parse(url).unwrap();
+    u.set_username(user).unwrap();
+    u.set_password(None).unwrap();
+    u.to_string()
+}
+
+fn run(url: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .env("DATABASE_URL", url)
+        .env_remove("BATCHONCE_CONFIG")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn denied(url: &str, sql: &str) {
+    let pool = batchonce::db::connect(url, "roles-test", 1).await.unwrap();
+    let err = sqlx::query(sql).execute(&pool).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("permission denied") || msg.contains("append-only"),
+        "{sql}: {msg}"
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_part_runs_under_its_own_least_privilege_role() {
+    let db = TestDb::empty().await;
+    let prefix = format!("bo_t{:08x}", rand::random::<u32>());
+    let role = |part: &str| format!("{prefix}_{part}");
+    // 1. Roles first: the migrator must exist before it creates tables.
+    let out = run(&db.url, &["roles", "--prefix", &prefix, "--apply"]);
+    ok(&out);
+    let admin = &db.pool;
+    for part in ["migrator", "producer", "worker", "operator", "readonly"] {
+        sqlx::query(&format!("ALTER ROLE {} LOGIN", role(part)))
+            .execute(admin)
+            .await
+            .unwrap();
+    }
+    let url = |part: &str| as_user(&db.url, &role(part));
+    // 2. The migrator creates (and owns) every table.
+    ok(&run(&url("migrator"), &["migrate"]));
+    let owner: String = sqlx::query_scalar(
+        "SELECT tableowner::text FROM pg_tables WHERE tablename = 'settlement_item'",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap();
+    assert_eq!(owner, role("migrator"));
+    // 3. Grants on what now exists; applying twice changes nothing.
+    ok(&run(&db.url, &["roles", "--prefix", &prefix, "--apply"]));
+    ok(&run(&db.url, &["roles", "--prefix", &prefix, "--apply"]));
+
+    // Source data, as the application would write it.
+    let date = NaiveDate::from_ymd_opt(2026, 9, 15).unwrap();
+    let (start, end) = settlement::day_bounds(date, chrono_tz::Asia::Seoul);
+    sqlx::query(
+        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
+         SELECT g, 1 + g % 5, 100 + g, $1 + ($2 - $1) * ((g - 1)::float8 / 300) FROM generate_series(1, 300) g",
+    )
+    .bind(start)
+    .bind(end)
+    .execute(admin)
+    .await
+    .unwrap();
+
+    // The producer enqueues, and may not touch a run otherwise.
+    ok(&run(
+        &url("producer"),
+        &["enqueue", "daily-settlement", "--date", "2026-09-15"],
+    ));
+    denied(
+        &url("producer"),
+        "UPDATE batch_job_run SET status = 'FAILED'",
+    )
+    .await;
+    denied(&url("producer"), "DELETE FROM batch_job_run").await;
+
+    // A worker settles the date.
+    let mut worker = Command::new(BIN)
+        .env("DATABASE_URL", url("worker"))
+        .args([
+            "worker",
+            "--worker-id",
+            "least-priv",
+            "--poll-interval",
+            "200ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pool = db.pool.clone();
+    wait_until(
+        "the run to succeed under the worker role",
+        Duration::from_secs(60),
+        || {
+            let pool = pool.clone();
+            async move {
+                let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                s == "SUCCEEDED"
+            }
+        },
+    )
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = worker.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(worker.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert!(!err.contains("permission denied"), "{err}");
+    let v = settlement::verify(admin, chrono_tz::Asia::Seoul, date)
+        .await
+        .unwrap();
+    assert!(v.ok, "{}", v.detail);
+    // The worker writes items but never deletes them, nor runs or history.
+    denied(&url("worker"), "DELETE FROM settlement_item").await;
+    denied(&url("worker"), "TRUNCATE settlement_item").await;
+    denied(&url("worker"), "DELETE FROM batch_job_run").await;
+    denied(&url("worker"), "INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) VALUES ('x:2026-01-01', 'x', '2026-01-01', 1)").await;
+    denied(&url("worker"), "INSERT INTO batch_operator_action (operator, action, job_key, reason, before_status, after_status) VALUES ('w', 'fail', 'daily-settlement:2026-09-15', 'r', 'RUNNING', 'FAILED')").await;
+
+    // The operator acts through the audited commands, and cannot rewrite
+    // the audit trail or delete items.
+    let out = ok(&run(
+        &url("operator"),
+        &[
+            "runs",
+            "rerun",
+            "daily-settlement:2026-09-15",
+            "--force",
+            "--reason",
+            "least privilege drill",
+            "--operator",
+            "kim",
+        ],
+    ));
+    assert!(out.contains("PENDING"), "{out}");
+    ok(&run(&url("operator"), &["runs", "stale"]));
+    denied(
+        &url("operator"),
+        "UPDATE batch_operator_action SET reason = 'nothing happened'",
+    )
+    .await;
+    denied(&url("operator"), "DELETE FROM batch_operator_action").await;
+    denied(&url("operator"), "DELETE FROM settlement_item").await;
+    let actions: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_operator_action")
+        .fetch_one(admin)
+        .await
+        .unwrap();
+    assert_eq!(actions, 1);
+    // Even the owner cannot rewrite history: the trigger refuses.
+    denied(&url("migrator"), "DELETE FROM batch_operator_action").await;
+
+    // The read-only role inspects and changes nothing.
+    ok(&run(&url("readonly"), &["status"]));
+    ok(&run(&url("readonly"), &["runs", "list"]));
+    let out = run(
+        &url("readonly"),
+        &["enqueue", "daily-settlement", "--date", "2026-09-16"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("permission denied"), "{err}");
+    denied(&url("readonly"), "UPDATE batch_job_run SET attempts = 0").await;
+
+    // The roles are global to the server: remove them with the database.
+    let server = batchonce::testing::server().to_owned();
+    drop(db);
+    let admin = batchonce::db::connect(&server, "roles-test", 1)
+        .await
+        .unwrap();
+    for part in ["migrator", "producer", "worker", "operator", "readonly"] {
+        sqlx::query(&format!("DROP ROLE IF EXISTS {}", role(part)))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+}
+
+#[test]
+fn roles_prints_sql_and_refuses_a_bad_prefix() {
+    let out = Command::new(BIN).args(["roles"]).output().unwrap();
+    let sql = ok(&out);
+    assert!(sql.contains("CREATE ROLE batchonce_worker NOLOGIN"));
+    assert!(sql.contains("GRANT CREATE ON SCHEMA public TO batchonce_migrator"));
+    let out = Command::new(BIN)
+        .args(["roles", "--prefix", "x; DROP TABLE batch_job_run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("invalid role prefix"), "{err}");
+}
