@@ -120,6 +120,11 @@ enum Command {
         /// Serve /metrics, /healthz and /readyz here.
         #[arg(long, default_value = "127.0.0.1:9464")]
         metrics_addr: std::net::SocketAddr,
+        /// Connections for claims and handlers (default: concurrency + 3).
+        /// Heartbeats use one more connection of their own, so a pool
+        /// smaller than the concurrency slows handlers but never the leases.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max_connections: Option<u32>,
     },
     /// Publishes the database-derived gauges (one per deployment).
     Exporter {
@@ -484,6 +489,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             poll_interval,
             no_listen,
             metrics_addr,
+            max_connections,
         } => {
             let url = require_url(&cli)?;
             let worker_id = match worker_id {
@@ -498,7 +504,8 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                 .max()
                 .unwrap_or(Duration::from_secs(30));
             let idle_tx = (max_ttl * 2).max(Duration::from_secs(10));
-            let pool = db::connect_worker(url, &worker_id, concurrency + 3, idle_tx)?;
+            let size = max_connections.unwrap_or(concurrency + 3);
+            let pool = db::connect_worker(url, &worker_id, size, idle_tx)?;
             let heartbeat_pool = db::connect_worker(url, &worker_id, 1, idle_tx)?;
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;

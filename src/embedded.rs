@@ -214,9 +214,17 @@ impl Cluster {
 
     /// Stops the cluster (fast shutdown); its data stays for the next run.
     pub fn stop(&self) -> Result<(), EmbeddedError> {
+        self.stop_with(false)
+    }
+
+    /// Stops the cluster: `immediate` aborts without a checkpoint, as a
+    /// crash would (the next start recovers from the WAL); otherwise a fast
+    /// shutdown that disconnects every session cleanly.
+    pub fn stop_with(&self, immediate: bool) -> Result<(), EmbeddedError> {
+        let mode = if immediate { "immediate" } else { "fast" };
         let out = self.pg(&self.data, "pg_ctl", |c| {
             c.arg("stop")
-                .args(["-m", "fast", "-w"])
+                .args(["-m", mode, "-w"])
                 .arg("-D")
                 .arg(&self.data)
         })?;
