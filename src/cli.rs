@@ -244,7 +244,7 @@ pub fn main(registry: Registry) -> ExitCode {
                 .map(str::trim)
                 .collect();
             let joined = first_paragraph.join(" ");
-            let line = joined.trim_start_matches("error: ");
+            let line = crate::queue::truncate(joined.trim_start_matches("error: "));
             eprintln!("batchonce: error: {line} (see batchonce --help)");
             return ExitCode::from(2);
         }
@@ -273,7 +273,8 @@ pub fn main(registry: Registry) -> ExitCode {
                     msg.push_str(&c);
                 }
             }
-            let msg = msg.replace('\n', " ");
+            // One line, and bounded: an error may quote a huge input.
+            let msg = crate::queue::truncate(&msg.replace(['\n', '\r'], " "));
             eprintln!("batchonce: error: {msg}");
             ExitCode::FAILURE
         }

@@ -505,6 +505,9 @@ fn apply_job_table(
     if cfg.stale_after < cfg.lease_ttl {
         return Err(bound("stale_after", "must not be shorter than lease_ttl"));
     }
+    if cfg.stale_after > Duration::from_secs(30 * 86_400) {
+        return Err(bound("stale_after", "must be at most 30d"));
+    }
     if cfg.backoff > cfg.backoff_max {
         return Err(bound("backoff", "must not be longer than backoff_max"));
     }
@@ -624,6 +627,9 @@ fn apply_command_keys(
                 spec.skipped_exit_code
             ),
         ));
+    }
+    if spec.timeout > Duration::from_secs(7 * 86_400) {
+        return Err((format!("{path}.timeout"), "must be at most 7d".into()));
     }
     if spec.kill_grace > spec.timeout {
         return Err((

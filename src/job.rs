@@ -325,6 +325,12 @@ impl Registry {
         JobName::parse(name)
             .ok()
             .filter(|n| self.jobs.contains_key(n))
-            .ok_or_else(|| format!("unknown job {name:?} (registered: {})", known.join(", ")))
+            .ok_or_else(|| {
+                format!(
+                    "unknown job {:?} (registered: {})",
+                    crate::key::shown(name),
+                    known.join(", ")
+                )
+            })
     }
 }

@@ -19,6 +19,29 @@ pub enum KeyError {
     JobKey(String),
     #[error("invalid date {0:?}: expected a calendar date as YYYY-MM-DD")]
     Date(String),
+    #[error("date {0} is out of range: business dates run from 1970-01-01 to 2199-12-31")]
+    DateRange(String),
+}
+
+/// How much of a rejected input an error message repeats.
+const SHOWN_CHARS: usize = 80;
+
+/// A rejected input as error messages show it: at most 80 characters, cut
+/// on a char boundary, so a megabyte argument makes a short message.
+pub fn shown(s: &str) -> String {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// The business dates accepted: wide enough for any backfill or plan,
+/// narrow enough that time-zone and interval arithmetic never overflows.
+pub fn date_range() -> (NaiveDate, NaiveDate) {
+    (
+        NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default(),
+        NaiveDate::from_ymd_opt(2199, 12, 31).unwrap_or_default(),
+    )
 }
 
 /// A validated job name such as `daily-settlement`.
@@ -38,7 +61,7 @@ impl JobName {
         if ok {
             Ok(Self(s.to_owned()))
         } else {
-            Err(KeyError::JobName(s.to_owned()))
+            Err(KeyError::JobName(shown(s)))
         }
     }
 
@@ -65,7 +88,7 @@ impl JobKey {
 
     /// Parses a key typed by an operator; the same rule as the schema's CHECK.
     pub fn parse(s: &str) -> Result<Self, KeyError> {
-        let bad = || KeyError::JobKey(s.to_owned());
+        let bad = || KeyError::JobKey(shown(s));
         if s.len() > MAX_KEY_LEN {
             return Err(bad());
         }
@@ -100,16 +123,58 @@ impl fmt::Display for JobKey {
 
 /// Parses `YYYY-MM-DD` strictly (no time, no two-digit years).
 pub fn parse_date(s: &str) -> Result<NaiveDate, KeyError> {
-    let bad = || KeyError::Date(s.to_owned());
+    let bad = || KeyError::Date(shown(s));
     if s.len() != 10 {
         return Err(bad());
     }
-    NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| bad())
+    let d = NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| bad())?;
+    let (min, max) = date_range();
+    if d < min || d > max {
+        return Err(KeyError::DateRange(s.to_owned()));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_strict_and_bounded() {
+        assert!(parse_date("2026-09-15").is_ok());
+        assert!(parse_date("1970-01-01").is_ok());
+        assert!(parse_date("2199-12-31").is_ok());
+        for bad in [
+            "2026-02-30",
+            "2026-9-15",
+            "26-09-15",
+            "2026-09-15T00",
+            "",
+            "0000-00-00",
+        ] {
+            assert!(matches!(parse_date(bad), Err(KeyError::Date(_))), "{bad:?}");
+        }
+        for far in ["1969-12-31", "2200-01-01", "0001-01-01", "9999-12-31"] {
+            assert!(
+                matches!(parse_date(far), Err(KeyError::DateRange(_))),
+                "{far:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_repeat_at_most_80_characters_of_the_input() {
+        let long = "가".repeat(100_000);
+        let e = JobName::parse(&long).unwrap_err().to_string();
+        assert!(e.chars().count() < 300, "{}", e.len());
+        let e = JobKey::parse(&format!("a:{long}")).unwrap_err().to_string();
+        assert!(e.chars().count() < 300);
+        assert_eq!(shown("short"), "short");
+        assert!(!JobName::parse("a\nb")
+            .unwrap_err()
+            .to_string()
+            .contains('\n'));
+    }
 
     #[test]
     fn job_names() {

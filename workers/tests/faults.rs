@@ -75,7 +75,7 @@ impl Rig {
         let dir = scratch(name);
         let config = dir.join("batchonce.toml");
         // Small, paced chunks, so that faults land mid-run.
-        let (chunk, pause) = if full() { (100, "10ms") } else { (20, "40ms") };
+        let (chunk, pause) = if full() { (50, "25ms") } else { (20, "40ms") };
         std::fs::write(
             &config,
             format!(
@@ -418,7 +418,10 @@ async fn a_sigstopped_lease_holder_is_taken_over_and_its_writes_refused() {
     rig.faults += 1;
     let stopped_at = Instant::now();
     // Another worker takes the run over once the lease (2s) expires.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // A worker stopped inside a chunk's transaction keeps the run row
+    // locked until idle_in_transaction_session_timeout (2 × lease_ttl, at
+    // least 10s) ends its session; then the run is recovered and queued.
+    let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let now_token: Option<i64> =
             sqlx::query_scalar("SELECT lease_token FROM batch_job_run WHERE job_key = $1")
