@@ -506,6 +506,9 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                 .unwrap_or(Duration::from_secs(30));
             let idle_tx = (max_ttl * 2).max(Duration::from_secs(10));
             let size = max_connections.unwrap_or(concurrency + 3);
+            if size < 2 && !no_listen {
+                bail!("--max-connections 1 leaves no connection for claims once LISTEN holds one: give at least 2, or add --no-listen");
+            }
             let pool = db::connect_worker(url, &worker_id, size, idle_tx)?;
             let heartbeat_pool = db::connect_worker(url, &worker_id, 1, idle_tx)?;
             let signals = Shutdown::default();

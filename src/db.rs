@@ -27,12 +27,28 @@ pub enum DbError {
 /// Replaces the password of a URL with `***` for display.
 pub fn redact(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            // Setting a password only fails for URLs that cannot have one.
-            let _ = u.set_password(Some("***"));
+        Ok(mut u) => {
+            if u.password().is_some() {
+                // Setting a password only fails for URLs that cannot have one.
+                let _ = u.set_password(Some("***"));
+            }
+            // libpq also takes the password as a query parameter.
+            if u.query_pairs().any(|(k, _)| k == "password") {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if k == "password" {
+                            "***".into()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             u.to_string()
         }
-        Ok(u) => u.to_string(),
         Err(_) => "<unparseable URL>".to_owned(),
     }
 }
@@ -157,6 +173,11 @@ mod tests {
         assert!(!r.contains("s3cret"));
         assert!(r.contains("***"));
         assert_eq!(redact("postgres:///x?host=/tmp"), "postgres:///x?host=/tmp");
+        let q = redact("postgres://app@db/x?sslmode=require&password=s3cret");
+        assert!(
+            !q.contains("s3cret") && q.contains("sslmode=require"),
+            "{q}"
+        );
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
         format!("GRANT EXECUTE ON FUNCTION {s}.batchonce_fence(text, bigint) TO {w}"),
     ];
     out.push_str(&format!(
-        "\n-- `runs stale` and the exporter read other roles' sessions.\n\
+        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
          GRANT pg_read_all_stats TO {o}, {r};\n\
          \n-- On the tables, once `batchonce migrate` has created them.\n\
          DO $grants$ BEGIN\n  IF to_regprocedure('{s}.batchonce_fence(text, bigint)') IS NOT NULL THEN\n"
@@ -137,7 +137,7 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
 pub enum RolesError {
     #[error("{0}")]
     Invalid(String),
-    #[error("applying the roles failed (run it as a role with CREATEROLE that owns the tables, or apply the printed SQL yourself): {0}")]
+    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables and grant pg_read_all_stats; or apply the printed SQL yourself): {0}")]
     Database(#[from] sqlx::Error),
 }
 
