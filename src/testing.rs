@@ -126,6 +126,47 @@ where
     }
 }
 
+/// Polls an `i64` query until it returns at least `at_least` (e.g. items
+/// written so far, to act mid-run); panics naming `what` after `timeout`.
+pub async fn wait_for_count(
+    pool: &PgPool,
+    what: &str,
+    sql: &str,
+    at_least: i64,
+    timeout: std::time::Duration,
+) {
+    wait_until(what, timeout, || async {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .is_ok_and(|n| n >= at_least)
+    })
+    .await
+}
+
+/// Polls the status of the run `key` (or of the only run, when `None`)
+/// until it is one of `want`; panics after `timeout`.
+pub async fn wait_for_status(
+    pool: &PgPool,
+    key: Option<&str>,
+    want: &[&str],
+    timeout: std::time::Duration,
+) {
+    let what = format!("{} to be {want:?}", key.unwrap_or("the run"));
+    wait_until(&what, timeout, || async {
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM batch_job_run WHERE $1::text IS NULL OR job_key = $1",
+        )
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten();
+        status.is_some_and(|s| want.contains(&s.as_str()))
+    })
+    .await
+}
+
 /// A fresh folder for one test's files (configs, logs, clusters) under
 /// `base`, normally the integration test's `CARGO_TARGET_TMPDIR`.
 pub fn scratch_dir(base: &str, name: &str) -> PathBuf {

@@ -426,20 +426,11 @@ async fn a_megabyte_error_message_is_stored_cut_on_a_char_boundary() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let pool = db.pool.clone();
-    batchonce::testing::wait_until(
-        "the run to fail",
+    batchonce::testing::wait_for_status(
+        &db.pool,
+        None,
+        &["FAILED"],
         std::time::Duration::from_secs(30),
-        || {
-            let pool = pool.clone();
-            async move {
-                let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                s == "FAILED"
-            }
-        },
     )
     .await;
     worker.kill().unwrap();

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use batchonce::queue::{self, ClaimSpec, NewRun};
-use batchonce::testing::{wait_until, TestDb};
+use batchonce::testing::{wait_for_count, wait_for_status, wait_until, TestDb};
 use batchonce::{Clock, JobKey, JobName};
 use chrono::NaiveDate;
 use nix::sys::signal::{kill, Signal};
@@ -84,21 +84,7 @@ async fn run_row(pool: &PgPool, key: &str) -> (String, i32, Option<String>) {
 }
 
 async fn wait_status(pool: &PgPool, key: &str, want: &[&str]) {
-    let pool = pool.clone();
-    let what = format!("{key} to be {want:?}");
-    wait_until(&what, Duration::from_secs(60), || {
-        let pool = pool.clone();
-        async move {
-            let s: Option<String> =
-                sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
-                    .bind(key)
-                    .fetch_optional(&pool)
-                    .await
-                    .unwrap();
-            s.is_some_and(|s| want.contains(&s.as_str()))
-        }
-    })
-    .await;
+    wait_for_status(pool, Some(key), want, Duration::from_secs(60)).await;
 }
 
 fn alive(pid: i32) -> bool {
@@ -514,17 +500,13 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
     let key = "nightly-invoices:2026-09-15";
     enqueue(&db, &cfg, "nightly-invoices");
     let mut first = spawn_worker(&db, &cfg, &dir, "n1");
-    let pool = db.pool.clone();
-    wait_until("invoices under way", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM invoice")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            n >= 300
-        }
-    })
+    wait_for_count(
+        &db.pool,
+        "invoices under way",
+        "SELECT count(*) FROM invoice",
+        300,
+        Duration::from_secs(30),
+    )
     .await;
     first.kill().unwrap();
     first.wait().unwrap();

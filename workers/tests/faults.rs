@@ -298,6 +298,20 @@ impl Rig {
         attempts
     }
 
+    /// Panics with the state of every run once the workload has taken
+    /// longer than it may.
+    async fn assert_progressing(&self) {
+        if self.started.elapsed() > self.all_done_within() {
+            let rows: Vec<(String, String, i32, i64, Option<String>)> = sqlx::query_as(
+                "SELECT job_key, status::text, attempts, processed_count, lease_owner FROM batch_job_run ORDER BY 1",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_default();
+            panic!("no progress after {} faults: {rows:?}", self.faults);
+        }
+    }
+
     /// Waits until at least `n` items are written (the workload is under way).
     async fn wait_items(&self, n: i64) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -375,15 +389,7 @@ async fn sigkill_random_workers_and_restart_them() {
             last_fault = Instant::now();
         }
         rig.workers[i] = Some(rig.spawn_worker(i, &[]));
-        if rig.started.elapsed() > rig.all_done_within() {
-            let rows: Vec<(String, String, i32, i64, Option<String>)> = sqlx::query_as(
-                "SELECT job_key, status::text, attempts, processed_count, lease_owner FROM batch_job_run ORDER BY 1",
-            )
-            .fetch_all(&rig.pool)
-            .await
-            .unwrap_or_default();
-            panic!("no progress after {} faults: {rows:?}", rig.faults);
-        }
+        rig.assert_progressing().await;
     }
     rig.wait_all_succeeded().await;
     let recover = last_fault.elapsed();
@@ -565,15 +571,7 @@ async fn terminated_worker_sessions_are_survived() {
                 last = Instant::now();
             }
         }
-        if rig.started.elapsed() > rig.all_done_within() {
-            let rows: Vec<(String, String, i32, i64, Option<String>)> = sqlx::query_as(
-                "SELECT job_key, status::text, attempts, processed_count, lease_owner FROM batch_job_run ORDER BY 1",
-            )
-            .fetch_all(&rig.pool)
-            .await
-            .unwrap_or_default();
-            panic!("no progress after {} faults: {rows:?}", rig.faults);
-        }
+        rig.assert_progressing().await;
     }
     rig.wait_all_succeeded().await;
     for (i, w) in rig.workers.iter_mut().enumerate() {

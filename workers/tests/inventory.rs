@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
-use batchonce::testing::{wait_until, TestDb};
+use batchonce::testing::{wait_for_count, wait_until, TestDb};
 use batchonce::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, JobKey, JobName, Registry};
 use batchonce_workers::inventory::{self, InventorySync};
@@ -321,17 +321,13 @@ async fn a_sigkilled_worker_process_is_taken_over_with_exact_levels() {
             .unwrap()
     };
     let mut first = spawn("i1");
-    let pool = db.pool.clone();
-    wait_until("the run to be under way", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT processed_count FROM batch_job_run")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            n >= 500
-        }
-    })
+    wait_for_count(
+        &db.pool,
+        "the run to be under way",
+        "SELECT processed_count FROM batch_job_run",
+        500,
+        Duration::from_secs(30),
+    )
     .await;
     first.kill().unwrap();
     first.wait().unwrap();

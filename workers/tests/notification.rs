@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
-use batchonce::testing::{wait_until, TestDb};
+use batchonce::testing::{wait_for_count, wait_for_status, TestDb};
 use batchonce::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, Job, JobKey, JobName, Registry};
 use batchonce_workers::notification::{
@@ -109,17 +109,12 @@ async fn run_to_end(
         opts,
         signals.clone(),
     ));
-    let pool = db.pool.clone();
-    wait_until("the run to end", Duration::from_secs(60), || {
-        let pool = pool.clone();
-        async move {
-            let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            s == "SUCCEEDED" || s == "FAILED" || s == "SKIPPED"
-        }
-    })
+    wait_for_status(
+        &db.pool,
+        None,
+        &["SUCCEEDED", "FAILED", "SKIPPED"],
+        Duration::from_secs(60),
+    )
     .await;
     signals.shutdown.cancel();
     handle.await.unwrap();
@@ -557,32 +552,18 @@ async fn a_sigkilled_worker_process_is_taken_over_and_nobody_is_notified_twice()
     )
     .unwrap();
     let mut first = spawn_worker(&db, &cfg, &dir, "n1");
-    let pool = db.pool.clone();
-    wait_until("the run to be under way", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT processed_count FROM batch_job_run")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            n >= 60
-        }
-    })
+    wait_for_count(
+        &db.pool,
+        "the run to be under way",
+        "SELECT processed_count FROM batch_job_run",
+        60,
+        Duration::from_secs(30),
+    )
     .await;
     first.kill().unwrap();
     first.wait().unwrap();
     let mut second = spawn_worker(&db, &cfg, &dir, "n2");
-    wait_until("the run to succeed", Duration::from_secs(60), || {
-        let pool = pool.clone();
-        async move {
-            let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            s == "SUCCEEDED"
-        }
-    })
-    .await;
+    wait_for_status(&db.pool, None, &["SUCCEEDED"], Duration::from_secs(60)).await;
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(second.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -7,7 +7,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use batchonce::testing::{wait_until, TestDb};
+use batchonce::testing::{wait_for_status, TestDb};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
 
@@ -120,22 +120,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pool = db.pool.clone();
-    wait_until(
-        "the run to succeed under the worker role",
-        Duration::from_secs(60),
-        || {
-            let pool = pool.clone();
-            async move {
-                let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                s == "SUCCEEDED"
-            }
-        },
-    )
-    .await;
+    wait_for_status(&db.pool, None, &["SUCCEEDED"], Duration::from_secs(60)).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(worker.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
