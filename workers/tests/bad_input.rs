@@ -136,6 +136,23 @@ fn bad_text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Never a valid count for any numeric flag (the smallest range is
+/// `--processes` 2..=64, the largest `--limit` 1..=10000).
+fn bad_number() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("0".to_owned()),
+        Just("-1".to_owned()),
+        Just("1.5".to_owned()),
+        Just("eight".to_owned()),
+        Just("".to_owned()),
+        Just("0x10".to_owned()),
+        Just("1e3".to_owned()),
+        Just("100001".to_owned()),
+        Just("99999999999999999999".to_owned()),
+        nasty(),
+    ]
+}
+
 /// Never a valid worker id.
 fn bad_id() -> impl Strategy<Value = String> {
     nasty().prop_filter("has a character a worker id cannot", |s| {
@@ -201,10 +218,11 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
         bad_duration(),
         bad_text(),
         bad_id(),
-        0usize..13,
+        bad_number(),
+        0usize..25,
     );
-    let cases = sample(strategy, 48);
-    for (s, date, dur, text, id, pick) in cases {
+    let cases = sample(strategy, 64);
+    for (s, date, dur, text, id, num, pick) in cases {
         let operator = text.replace("ab", "");
         let args: Vec<&str> = match pick {
             0 => vec!["enqueue", &s, "--date", "2026-09-15"],
@@ -218,7 +236,15 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
                 "2026-09-15",
             ],
             3 => vec!["runs", "show", &s],
-            4 => vec!["runs", "fail", &s, "--reason", "r", "--operator", "kim"],
+            4 => vec![
+                "runs",
+                "fail",
+                &s,
+                "--reason",
+                "a valid reason",
+                "--operator",
+                "kim",
+            ],
             5 => vec![
                 "runs",
                 "rerun",
@@ -243,6 +269,18 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
             9 => vec!["produce", "--once", "--now", &s],
             10 => vec!["runs", "list", "--status", &s],
             11 => vec!["worker", "--worker-id", &id],
+            13 => vec!["exporter", "--interval", &dur],
+            14 => vec!["produce", "--interval", &dur],
+            15 => vec!["preflight", "--processes", &num],
+            16 => vec!["runs", "list", "--limit", &num],
+            17 => vec!["runs", "list", "--job", &s],
+            18 => vec!["worker", "--metrics-addr", &s],
+            19 => vec!["worker", "--concurrency", &num],
+            20 => vec!["worker", "--max-connections", &num],
+            21 => vec!["--database-url", &s, "status"],
+            22 => vec!["--log-format", &s, "status"],
+            23 => vec!["--config", &s, "status"],
+            24 => vec!["roles", "--prefix", &s],
             _ => vec![
                 "enqueue",
                 "daily-settlement",
@@ -319,12 +357,60 @@ fn bad_config() -> impl Strategy<Value = (String, Vec<u8>)> {
         })
 }
 
+/// A command job's or a bundled kind's own key with a bad value.
+fn bad_kind_config() -> impl Strategy<Value = (String, Vec<u8>)> {
+    // (table, key, whether any string is valid for it: paths are).
+    let keys = prop_oneof![
+        Just(("x", "timeout", false)),
+        Just(("x", "kill_grace", false)),
+        Just(("x", "working_dir", true)),
+        Just(("x", "env", false)),
+        Just(("x", "skipped_exit_code", false)),
+        Just(("x", "fatal_exit_codes", false)),
+        Just(("notification-send", "sender", false)),
+        Just(("notification-send", "outbox_dir", true)),
+        Just(("notification-send", "webhook_url", false)),
+        Just(("notification-send", "webhook_timeout", false)),
+        Just(("notification-send", "webhook_retries", false)),
+        Just(("notification-send", "webhook_token_env", false)),
+        Just(("inventory-sync", "source_file", true)),
+    ];
+    let strings = prop_oneof![
+        nasty().prop_map(|s| toml::Value::String(s).to_string()),
+        bad_duration().prop_map(|s| toml::Value::String(s).to_string()),
+    ];
+    let others = prop_oneof![
+        Just("-1".to_owned()),
+        Just("1.5".to_owned()),
+        Just("{ a = 1 }".to_owned()),
+        Just("[\"x\", 2]".to_owned()),
+        Just("[300]".to_owned()),
+        Just("99999999999999999999".to_owned()),
+    ];
+    (keys, strings, others, any::<bool>()).prop_map(
+        |((table, key, paths), string, other, use_string)| {
+            let value = if use_string && !paths { string } else { other };
+            let command = if table == "x" {
+                "command = [\"true\"]\n"
+            } else {
+                ""
+            };
+            let text = format!("[jobs.{table}]\n{command}{key} = {value}\n");
+            (
+                format!("jobs.{table}.{key} = {}", batchonce::key::shown(&value)),
+                text.into_bytes(),
+            )
+        },
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_config_files_are_refused_and_change_nothing() {
     let db = db_with_history().await;
     let before = checksum(&db.pool).await;
     let dir = batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), "bad-config");
     let mut cases = sample(bad_config(), 64);
+    cases.extend(sample(bad_kind_config(), 40));
     // Files no generator makes: NUL bytes, invalid UTF-8, a megabyte value,
     // an unknown table.
     let mut raw = b"[jobs.daily-settlement]\ntimezone = \"Asia/Seoul\0\"\n".to_vec();

@@ -164,7 +164,9 @@ fn check_options(values: &toml::Table) -> Result<(), OptionError> {
         }
     }
     if let Some(var) = string("webhook_token_env")? {
-        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        let name_ok = var.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !name_ok {
             return Err(OptionError::new(
                 "webhook_token_env",
                 "must be an environment variable name",
@@ -688,6 +690,10 @@ mod tests {
         );
         assert_eq!(
             check("webhook_token_env = \"A B\"").unwrap_err().key,
+            "webhook_token_env"
+        );
+        assert_eq!(
+            check("webhook_token_env = \"0s\"").unwrap_err().key,
             "webhook_token_env"
         );
         assert_eq!(check("sender = 3").unwrap_err().key, "sender");
