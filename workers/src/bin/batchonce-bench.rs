@@ -1,0 +1,512 @@
+//! `batchonce-bench`: throughput and latency of the engine, each scenario
+//! measured next to a bare-SQL baseline doing the same work in the same run,
+//! so results read as ratios on a noisy machine. Prints one JSON line per
+//! scenario and a human summary on stderr.
+//!
+//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|all> [--size tiny|full]`
+//! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use async_trait::async_trait;
+use batchonce::config::Config;
+use batchonce::queue::{self, NewRun};
+use batchonce::worker::{self, Shutdown, WorkerOptions};
+use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
+use batchonce_workers::settlement;
+use chrono::NaiveDate;
+use serde_json::json;
+use sqlx::PgPool;
+
+/// A job that does nothing: the framework's own cost per run.
+struct Noop;
+
+#[async_trait]
+impl Job for Noop {
+    fn name(&self) -> JobName {
+        // Invariant: a constant, valid job name.
+        JobName::parse("bench-noop").expect("valid job name")
+    }
+
+    fn default_config(&self) -> JobConfig {
+        JobConfig {
+            lease_ttl: Duration::from_secs(30),
+            ..JobConfig::default()
+        }
+    }
+
+    async fn run(&self, _ctx: &JobContext) -> Result<Outcome, JobError> {
+        Ok(Outcome::Succeeded)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Tiny,
+    Full,
+}
+
+fn registry() -> Registry {
+    Registry::new()
+        .register(Noop)
+        .register(settlement::DailySettlement)
+}
+
+fn noop_runs(n: usize, offset: usize) -> Vec<NewRun> {
+    let job = Noop.name();
+    (0..n)
+        .map(|i| NewRun {
+            // Invariant: digits form a valid period.
+            key: JobKey::parse(&format!("bench-noop:{:09}", offset + i)).expect("valid key"),
+            job: job.clone(),
+            business_date: NaiveDate::from_ymd_opt(2026, 1, 1).unwrap_or_default(),
+            max_attempts: 3,
+            payload: json!({}),
+            skip_reason: None,
+        })
+        .collect()
+}
+
+async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
+}
+
+/// Starts an in-process worker; returns its stop signal and task.
+fn start_worker(
+    pool: &PgPool,
+    concurrency: u32,
+    listen: bool,
+    poll: Duration,
+) -> (Shutdown, tokio::task::JoinHandle<()>) {
+    let reg = registry();
+    let config = Config::defaults(&reg.default_configs());
+    let signals = Shutdown::default();
+    let mut opts = WorkerOptions::new(format!("bench-{concurrency}"));
+    opts.concurrency = concurrency;
+    opts.listen = listen;
+    opts.poll_interval = poll;
+    let handle = tokio::spawn(worker::run(
+        reg,
+        config,
+        pool.clone(),
+        pool.clone(),
+        opts,
+        signals.clone(),
+    ));
+    (signals, handle)
+}
+
+async fn wait_done(pool: &PgPool, n: i64, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while count(
+        pool,
+        "SELECT count(*) FROM batch_job_run WHERE job_name = 'bench-noop' AND status = 'SUCCEEDED'",
+    )
+    .await?
+        < n
+    {
+        if Instant::now() > deadline {
+            bail!("runs did not finish within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+async fn reset(pool: &PgPool) -> anyhow::Result<()> {
+    sqlx::query("DELETE FROM batch_job_attempt WHERE job_key LIKE 'bench-noop:%'")
+        .execute(pool)
+        .await?;
+    sqlx::query("DELETE FROM batch_job_run WHERE job_name = 'bench-noop'")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The bare-SQL queue: claims of `batch` with SKIP LOCKED and a token, then
+/// one batched update fenced by the token, from `concurrency` tasks.
+async fn baseline_drain(
+    pool: &PgPool,
+    n: usize,
+    concurrency: u32,
+    batch: i64,
+) -> anyhow::Result<f64> {
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_q; CREATE TABLE bench_q (id bigint PRIMARY KEY, state text NOT NULL, token bigint); \
+         CREATE SEQUENCE IF NOT EXISTS bench_q_token;",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("INSERT INTO bench_q SELECT g, 'pending', NULL FROM generate_series(1, $1) g")
+        .bind(n as i64)
+        .execute(pool)
+        .await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            loop {
+                let rows: Vec<(i64, i64)> = sqlx::query_as(
+                    "WITH c AS (SELECT id FROM bench_q WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                     UPDATE bench_q q SET state = 'running', token = nextval('bench_q_token') FROM c WHERE q.id = c.id \
+                     RETURNING q.id, q.token",
+                )
+                .bind(batch)
+                .fetch_all(&pool)
+                .await?;
+                if rows.is_empty() {
+                    return Ok::<_, sqlx::Error>(());
+                }
+                let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+                let tokens: Vec<i64> = rows.iter().map(|r| r.1).collect();
+                sqlx::query(
+                    "UPDATE bench_q q SET state = 'done' FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token) \
+                     WHERE q.id = u.id AND q.token = u.token AND q.state = 'running'",
+                )
+                .bind(&ids)
+                .bind(&tokens)
+                .execute(&pool)
+                .await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let done = count(pool, "SELECT count(*) FROM bench_q WHERE state = 'done'").await?;
+    if done != n as i64 {
+        bail!("baseline drained {done} of {n}");
+    }
+    Ok(n as f64 / secs)
+}
+
+async fn drain(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
+    let n = if size == Size::Full { 20_000 } else { 200 };
+    let mut results = Vec::new();
+    for concurrency in [8u32, 32] {
+        reset(pool).await?;
+        queue::enqueue(pool, &noop_runs(n, 0), Clock::Db).await?;
+        let started = Instant::now();
+        let (signals, handle) = start_worker(pool, concurrency, true, Duration::from_millis(100));
+        wait_done(pool, n as i64, Duration::from_secs(600)).await?;
+        let framework = n as f64 / started.elapsed().as_secs_f64();
+        signals.shutdown.cancel();
+        let _ = handle.await;
+        let attempts = count(
+            pool,
+            "SELECT count(*) FROM batch_job_attempt WHERE job_key LIKE 'bench-noop:%'",
+        )
+        .await?;
+        let baseline = baseline_drain(pool, n, concurrency, i64::from(concurrency.min(32))).await?;
+        results.push(json!({
+            "concurrency": concurrency,
+            "runs": n,
+            "attempt_rows": attempts,
+            "runs_per_s": framework.round(),
+            "baseline_runs_per_s": baseline.round(),
+            "ratio": (framework / baseline * 100.0).round() / 100.0,
+        }));
+        eprintln!(
+            "drain c={concurrency}: {framework:.0} runs/s, bare SQL {baseline:.0} runs/s, ratio {:.2}",
+            framework / baseline
+        );
+    }
+    reset(pool).await?;
+    Ok(json!({ "scenario": "drain", "results": results }))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn pickup(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
+    let n = if size == Size::Full { 200 } else { 10 };
+    let mut results = Vec::new();
+    for listen in [true, false] {
+        reset(pool).await?;
+        let (signals, handle) = start_worker(pool, 4, listen, Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for i in 0..n {
+            queue::enqueue(pool, &noop_runs(1, i), Clock::Db).await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        wait_done(pool, n as i64, Duration::from_secs(60)).await?;
+        signals.shutdown.cancel();
+        let _ = handle.await;
+        // Both instants come from the database clock.
+        let mut ms: Vec<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM (a.started_at - r.enqueued_at))::float8 * 1000 \
+             FROM batch_job_run r JOIN batch_job_attempt a USING (job_key) WHERE r.job_name = 'bench-noop'",
+        )
+        .fetch_all(pool)
+        .await?;
+        ms.sort_by(f64::total_cmp);
+        let (p50, p99) = (percentile(&ms, 0.5), percentile(&ms, 0.99));
+        let path = if listen { "notify" } else { "poll-500ms" };
+        eprintln!("pickup {path}: p50 {p50:.1} ms, p99 {p99:.1} ms over {n} runs at ~50/s");
+        results.push(json!({ "path": path, "runs": n, "p50_ms": (p50 * 10.0).round() / 10.0, "p99_ms": (p99 * 10.0).round() / 10.0 }));
+    }
+    reset(pool).await?;
+    Ok(json!({ "scenario": "pickup", "results": results }))
+}
+
+async fn enqueue(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
+    let n = if size == Size::Full { 10_000 } else { 500 };
+    reset(pool).await?;
+    let runs = noop_runs(n, 0);
+    let t = Instant::now();
+    let first = queue::enqueue(pool, &runs, Clock::Db).await?;
+    let first_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
+    let again = queue::enqueue(pool, &runs, Clock::Db).await?;
+    let again_ms = t.elapsed().as_secs_f64() * 1000.0;
+    if first.enqueued.len() != n || again.duplicates.len() != n {
+        bail!(
+            "enqueue reported {} new and {} duplicates",
+            first.enqueued.len(),
+            again.duplicates.len()
+        );
+    }
+    // Baseline: one bare INSERT … ON CONFLICT DO NOTHING of the same rows.
+    sqlx::raw_sql("DROP TABLE IF EXISTS bench_keys; CREATE TABLE bench_keys (k text PRIMARY KEY)")
+        .execute(pool)
+        .await?;
+    let keys: Vec<String> = runs.iter().map(|r| r.key.to_string()).collect();
+    let t = Instant::now();
+    sqlx::query("INSERT INTO bench_keys SELECT unnest($1::text[]) ON CONFLICT DO NOTHING")
+        .bind(&keys)
+        .execute(pool)
+        .await?;
+    let base_ms = t.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "enqueue {n}: first {first_ms:.1} ms, again (all duplicates) {again_ms:.1} ms; bare INSERT {base_ms:.1} ms"
+    );
+    reset(pool).await?;
+    Ok(json!({
+        "scenario": "enqueue", "keys": n,
+        "first_ms": (first_ms * 10.0).round() / 10.0,
+        "duplicates_ms": (again_ms * 10.0).round() / 10.0,
+        "baseline_ms": (base_ms * 10.0).round() / 10.0,
+        "ratio_first": (base_ms / first_ms * 100.0).round() / 100.0,
+    }))
+}
+
+/// Peak resident memory of a process, from /proc (kB).
+fn peak_rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+async fn settle(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json::Value> {
+    let n: i64 = if size == Size::Full {
+        1_000_000
+    } else {
+        10_000
+    };
+    let date = NaiveDate::from_ymd_opt(2026, 9, 15).unwrap_or_default();
+    let tz = chrono_tz::Asia::Seoul;
+    let (start, end) = settlement::day_bounds(date, tz);
+    sqlx::raw_sql("TRUNCATE orders, settlement_item, settlement_summary")
+        .execute(pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
+         SELECT g, 1 + g % 97, 100 + g % 100000, $1 + ($2 - $1) * ((g - 1)::float8 / $3) FROM generate_series(1, $3) g",
+    )
+    .bind(start)
+    .bind(end)
+    .bind(n)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE orders").execute(pool).await?;
+    // Baseline: the whole day in one set-based statement.
+    let t = Instant::now();
+    sqlx::query(
+        "INSERT INTO settlement_item (business_date, order_id, merchant_id, amount_minor, job_key, lease_token) \
+         SELECT $3, order_id, merchant_id, amount_minor, 'baseline', 0 FROM orders WHERE paid_at >= $1 AND paid_at < $2 \
+         ON CONFLICT ON CONSTRAINT settlement_item_business_date_order_id_key DO NOTHING",
+    )
+    .bind(start)
+    .bind(end)
+    .bind(date)
+    .execute(pool)
+    .await?;
+    let base = n as f64 / t.elapsed().as_secs_f64();
+    sqlx::raw_sql("TRUNCATE settlement_item, settlement_summary")
+        .execute(pool)
+        .await?;
+    // The framework: a real worker process, chunked and fenced.
+    let exe = std::env::current_exe()?.with_file_name("batchonce");
+    let cfg = std::env::temp_dir().join(format!("bench-settle-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[jobs.daily-settlement]\nchunk_size = 5000\nlease_ttl = \"60s\"\n[jobs.inventory-sync]\nenabled = false\n")?;
+    let key = format!("daily-settlement:{date}");
+    queue::enqueue(
+        pool,
+        &[NewRun {
+            key: JobKey::parse(&key)?,
+            job: settlement::DailySettlement.name(),
+            business_date: date,
+            max_attempts: 3,
+            payload: json!({}),
+            skip_reason: None,
+        }],
+        Clock::Db,
+    )
+    .await?;
+    let t = Instant::now();
+    let mut child = tokio::process::Command::new(&exe)
+        .env("DATABASE_URL", url)
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "worker",
+            "--concurrency",
+            "1",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--worker-id",
+            "bench-settle",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    let pid = child.id().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+            .bind(&key)
+            .fetch_one(pool)
+            .await?;
+        if s == "SUCCEEDED" {
+            break;
+        }
+        if s == "FAILED" || Instant::now() > deadline {
+            bail!("settlement ended {s}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let rss_kb = peak_rss_kb(pid).unwrap_or(0);
+    if let Some(id) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(id as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let _ = child.wait().await;
+    let _ = std::fs::remove_file(&cfg);
+    let v = settlement::verify(pool, tz, date).await?;
+    if !v.ok {
+        bail!("settlement is wrong: {}", v.detail);
+    }
+    let rate = n as f64 / secs;
+    eprintln!(
+        "settle {n}: {rate:.0} items/s (worker start included), set-based INSERT {base:.0} items/s, ratio {:.2}, worker peak RSS {:.1} MiB",
+        rate / base,
+        rss_kb as f64 / 1024.0
+    );
+    Ok(json!({
+        "scenario": "settle", "orders": n,
+        "items_per_s": rate.round(), "baseline_items_per_s": base.round(),
+        "ratio": (rate / base * 100.0).round() / 100.0,
+        "worker_peak_rss_mib": (rss_kb as f64 / 1024.0 * 10.0).round() / 10.0,
+    }))
+}
+
+async fn database() -> anyhow::Result<(String, Option<batchonce::embedded::Cluster>)> {
+    let server = match std::env::var("DATABASE_URL") {
+        Ok(u) if !u.trim().is_empty() => (u, None),
+        _ => {
+            let opts = batchonce::embedded::ClusterOptions {
+                dir: std::path::PathBuf::from(".batchonce/bench-pg"),
+                durable: true,
+                max_connections: 100,
+            };
+            let c = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&opts))
+                .await??;
+            (c.url("postgres"), Some(c))
+        }
+    };
+    Ok(server)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "batchonce-bench: error: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().map(String::as_str).unwrap_or("all");
+    let size = match args
+        .iter()
+        .position(|a| a == "--size")
+        .and_then(|i| args.get(i + 1))
+    {
+        None => Size::Full,
+        Some(s) if s == "full" => Size::Full,
+        Some(s) if s == "tiny" => Size::Tiny,
+        Some(s) => bail!("unknown --size {s:?} (tiny or full)"),
+    };
+    if !matches!(scenario, "drain" | "pickup" | "enqueue" | "settle" | "all") {
+        bail!("unknown scenario {scenario:?} (drain, pickup, enqueue, settle or all)");
+    }
+    let (server, cluster) = database().await?;
+    let admin = batchonce::db::connect(&server, "batchonce-bench", 2).await?;
+    let name = format!("batchonce_bench_{}", std::process::id());
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await?;
+    let url = batchonce::db::with_database(&server, &name)?;
+    let result = async {
+        let pool = batchonce::db::connect(&url, "batchonce-bench", 40).await?;
+        batchonce::db::migrate(&pool, &batchonce_workers::migrations()).await?;
+        let pool = Arc::new(pool);
+        let all = scenario == "all";
+        if all || scenario == "enqueue" {
+            println!("{}", enqueue(&pool, size).await?);
+        }
+        if all || scenario == "drain" {
+            println!("{}", drain(&pool, size).await?);
+        }
+        if all || scenario == "pickup" {
+            println!("{}", pickup(&pool, size).await?);
+        }
+        if all || scenario == "settle" {
+            println!("{}", settle(&pool, &url, size).await?);
+        }
+        pool.close().await;
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&admin)
+        .await;
+    if let Some(c) = cluster.filter(|c| c.started_here) {
+        let _ = tokio::task::spawn_blocking(move || c.stop()).await;
+    }
+    result
+}

@@ -1,0 +1,51 @@
+//! The benchmark binary runs every scenario once at its tiny size: not a
+//! timing (benchmarks are not timed tests) but proof that each scenario works
+//! end to end and reports its figures and its baseline.
+
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_batchonce-bench");
+
+#[test]
+fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
+    let out = Command::new(BENCH)
+        .args(["all", "--size", "tiny"])
+        .env("DATABASE_URL", batchonce::testing::server())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["scenario"].as_str())
+        .collect();
+    assert_eq!(names, ["enqueue", "drain", "pickup", "settle"], "{stderr}");
+    assert!(lines[0]["baseline_ms"].as_f64().unwrap() > 0.0);
+    for r in lines[1]["results"].as_array().unwrap() {
+        assert!(r["runs_per_s"].as_f64().unwrap() > 0.0);
+        assert!(r["baseline_runs_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["attempt_rows"], r["runs"], "one attempt row per run");
+    }
+    let paths: Vec<&str> = lines[2]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["notify", "poll-500ms"]);
+    assert!(lines[3]["baseline_items_per_s"].as_f64().unwrap() > 0.0);
+    assert!(lines[3]["worker_peak_rss_mib"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn an_unknown_scenario_is_one_error_line() {
+    let out = Command::new(BENCH).arg("warp").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("unknown scenario \"warp\""), "{err}");
+}
