@@ -16,6 +16,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 fn scratch(name: &str) -> PathBuf {
@@ -579,18 +581,12 @@ fn a_command_job_with_bad_config_is_refused_with_one_line() {
             "built-in job kind",
         ),
     ] {
-        let cfg = dir.join("bad.toml");
-        std::fs::write(&cfg, text).unwrap();
-        let out = Command::new(BIN)
-            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
-            .arg("--config")
-            .arg(&cfg)
-            .args(["enqueue", "x", "--date", "2026-09-15"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{text}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
-        assert!(err.contains(want), "{text}: {err}");
+        common::config_refused(
+            BIN,
+            &dir,
+            text,
+            &["enqueue", "x", "--date", "2026-09-15"],
+            want,
+        );
     }
 }

@@ -23,6 +23,8 @@ use batchonce_workers::notification::{
 use chrono::NaiveDate;
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 fn date() -> NaiveDate {
@@ -605,19 +607,8 @@ fn bad_sender_options_stop_the_worker_at_start_with_one_line() {
             "`jobs.notification-send.max_item_failures`",
         ),
     ] {
-        let cfg = dir.join("bad.toml");
-        std::fs::write(&cfg, format!("[jobs.notification-send]\n{text}\n")).unwrap();
-        let out = Command::new(BIN)
-            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
-            .arg("--config")
-            .arg(&cfg)
-            .args(["worker"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{text}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
-        assert!(err.contains(want), "{text}: {err}");
+        let text = format!("[jobs.notification-send]\n{text}\n");
+        let err = common::config_refused(BIN, &dir, &text, &["worker"], want);
         assert!(!err.contains("pw@"), "{err}");
     }
 }
