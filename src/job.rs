@@ -49,6 +49,7 @@ impl From<QueueError> for JobError {
         match e {
             QueueError::LeaseLost(_) => Self::LeaseLost,
             QueueError::Invalid(m) => Self::Fatal(m),
+            QueueError::Unavailable(m) => Self::Retryable(format!("database unavailable: {m}")),
             QueueError::Database(e) => e.into(),
         }
     }

@@ -31,6 +31,11 @@ pub enum QueueError {
     LeaseLost(String),
     #[error("{0}")]
     Invalid(String),
+    /// A transient database failure reported on behalf of a batched
+    /// statement (the worker's completer), where the original error cannot be
+    /// handed to every caller.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -41,6 +46,7 @@ impl QueueError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Database(e) => is_transient(e),
+            Self::Unavailable(_) => true,
             _ => false,
         }
     }
@@ -281,10 +287,9 @@ pub async fn claim(
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
     let rows = sqlx::query(
         r#"
-        WITH cfg AS (
-            SELECT DISTINCT ON (n) n AS job_name, ttl
-            FROM unnest($1::text[], $2::float8[]) AS c(n, ttl)
-        ), picked AS (
+        WITH picked AS (
+            -- Served by batch_job_run_claim_idx in claim order, so the scan
+            -- stops at the limit whatever plan the prepared statement caches.
             SELECT r.job_key
             FROM batch_job_run r
             WHERE r.status = 'PENDING'
@@ -299,13 +304,16 @@ pub async fn claim(
                 attempts = r.attempts + 1,
                 lease_token = nextval('batch_lease_token_seq'),
                 lease_owner = $4,
-                lease_expires_at = COALESCE($5, now()) + make_interval(secs => cfg.ttl),
+                lease_expires_at = COALESCE($5, now()) + make_interval(secs => (
+                    SELECT c.ttl FROM unnest($1::text[], $2::float8[]) AS c(n, ttl)
+                    WHERE c.n = r.job_name LIMIT 1)),
                 heartbeat_at = COALESCE($5, now()),
                 heartbeat_processed = r.processed_count,
                 started_at = COALESCE($5, now()),
                 finished_at = NULL
-            FROM picked, cfg
-            WHERE r.job_key = picked.job_key AND cfg.job_name = r.job_name
+            -- An array of keys, not a join: a join's estimate of the picked
+            -- rows made the cached plan hash the whole table.
+            WHERE r.job_key = ANY (ARRAY(SELECT job_key FROM picked))
             RETURNING r.job_key, r.job_name, r.business_date, r.attempts, r.max_attempts,
                       r.lease_token, r.lease_expires_at, r.processed_count, r.payload,
                       r.started_at
@@ -596,79 +604,146 @@ pub async fn finish(
     finish: &Finish,
     clock: Clock,
 ) -> Result<RunStatus, QueueError> {
-    let (kind, message, delay) = match finish {
-        Finish::Succeeded => ("succeeded", None, 0.0),
-        Finish::Skipped { reason } => ("skipped", Some(truncate(reason)), 0.0),
-        Finish::Retry { error, delay } => ("retry", Some(truncate(error)), delay.as_secs_f64()),
-        Finish::Fatal { error } => ("fatal", Some(truncate(error)), 0.0),
-        Finish::Release => ("release", None, 0.0),
-    };
-    let status: Option<String> = sqlx::query_scalar(
+    let mut results = finish_many(pool, &[(fence.clone(), finish.clone())], clock).await?;
+    match results.pop().flatten() {
+        Some(s) => Ok(s),
+        None => Err(QueueError::LeaseLost(fence.key.to_string())),
+    }
+}
+
+/// The most attempts one [`finish_many`] statement ends; callers split
+/// larger sets.
+pub const MAX_FINISH_BATCH: usize = 1000;
+
+/// Ends many attempts in one statement (and one commit): each is conditional
+/// on its own `(job_key, lease_token)` exactly like [`finish`], and closes its
+/// attempt row in the same statement. Returns, in input order, each run's new
+/// status, or `None` where the token no longer owns the run (nothing was
+/// written for that one; the others are unaffected).
+pub async fn finish_many(
+    pool: &PgPool,
+    items: &[(Fence, Finish)],
+    clock: Clock,
+) -> Result<Vec<Option<RunStatus>>, QueueError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    if items.len() > MAX_FINISH_BATCH {
+        return Err(QueueError::Invalid(format!(
+            "{} finishes in one statement; the limit is {MAX_FINISH_BATCH}",
+            items.len()
+        )));
+    }
+    let mut keys = Vec::with_capacity(items.len());
+    let mut tokens = Vec::with_capacity(items.len());
+    let mut kinds = Vec::with_capacity(items.len());
+    let mut messages: Vec<Option<String>> = Vec::with_capacity(items.len());
+    let mut delays = Vec::with_capacity(items.len());
+    let mut seen = HashSet::new();
+    for (fence, finish) in items {
+        // One row may be updated once per statement; a key twice is a caller
+        // bug, and which of the two would win is undefined.
+        if !seen.insert(fence.key.as_str()) {
+            return Err(QueueError::Invalid(format!(
+                "{} is finished twice in one statement",
+                fence.key
+            )));
+        }
+        let (kind, message, delay) = match finish {
+            Finish::Succeeded => ("succeeded", None, 0.0),
+            Finish::Skipped { reason } => ("skipped", Some(truncate(reason)), 0.0),
+            Finish::Retry { error, delay } => ("retry", Some(truncate(error)), delay.as_secs_f64()),
+            Finish::Fatal { error } => ("fatal", Some(truncate(error)), 0.0),
+            Finish::Release => ("release", None, 0.0),
+        };
+        keys.push(fence.key.as_str());
+        tokens.push(fence.token);
+        kinds.push(kind);
+        messages.push(message);
+        delays.push(delay);
+    }
+    // The statement starts from the input rows and looks each run and
+    // attempt up by key, so its cost grows with the batch, not the table.
+    // (Narrowing the tables with `job_key = ANY($1)` instead made the cached
+    // plan compare every row of the batch with every other: quadratic.)
+    let rows = sqlx::query(
         r#"
-        WITH next AS (
-            SELECT r.job_key,
+        WITH f AS (
+            SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::float8[])
+                AS f(job_key, token, kind, message, delay)
+        ), next AS (
+            SELECT r.job_key, f.token, f.kind, f.message, f.delay,
                    CASE
-                     WHEN $3 = 'succeeded' THEN 'SUCCEEDED'
-                     WHEN $3 = 'skipped' THEN 'SKIPPED'
-                     WHEN $3 = 'release' THEN 'PENDING'
-                     WHEN $3 = 'retry' AND r.attempts < r.max_attempts THEN 'PENDING'
+                     WHEN f.kind = 'succeeded' THEN 'SUCCEEDED'
+                     WHEN f.kind = 'skipped' THEN 'SKIPPED'
+                     WHEN f.kind = 'release' THEN 'PENDING'
+                     WHEN f.kind = 'retry' AND r.attempts < r.max_attempts THEN 'PENDING'
                      ELSE 'FAILED'
                    END AS status
-            FROM batch_job_run r
-            WHERE r.job_key = $1 AND r.lease_token = $2 AND r.status = 'RUNNING'
-            FOR NO KEY UPDATE
+            FROM f
+            JOIN batch_job_run r ON r.job_key = f.job_key AND r.lease_token = f.token
+            WHERE r.status = 'RUNNING'
+            -- Rows are locked in key order, so two batches can never wait
+            -- on each other in a cycle.
+            ORDER BY r.job_key
+            FOR NO KEY UPDATE OF r
         ), upd AS (
             UPDATE batch_job_run r
             SET status = next.status,
                 next_run_at = CASE WHEN next.status = 'PENDING'
-                                   THEN COALESCE($6, now()) + make_interval(secs => $5)
+                                   THEN COALESCE($6, now()) + make_interval(secs => next.delay)
                                    ELSE r.next_run_at END,
                 finished_at = CASE WHEN next.status = 'PENDING' THEN NULL
                                    ELSE COALESCE($6, now()) END,
                 lease_expires_at = NULL,
                 -- A released run gets a new token at once, so nothing still
                 -- running under the old one can commit.
-                lease_token = CASE WHEN $3 = 'release'
+                lease_token = CASE WHEN next.kind = 'release'
                                    THEN nextval('batch_lease_token_seq')
                                    ELSE r.lease_token END,
                 -- A release is not a failure: the budget grows by the attempt
                 -- it used, so attempts never exceed max_attempts.
-                max_attempts = CASE WHEN $3 = 'release'
+                max_attempts = CASE WHEN next.kind = 'release'
                                     THEN LEAST(r.max_attempts + 1, 1000)
                                     ELSE r.max_attempts END,
-                error_message = CASE WHEN $3 = 'succeeded' THEN NULL
-                                     WHEN $3 = 'release' THEN r.error_message
-                                     ELSE $4 END
+                error_message = CASE WHEN next.kind = 'succeeded' THEN NULL
+                                     WHEN next.kind = 'release' THEN r.error_message
+                                     ELSE next.message END
             FROM next
             WHERE r.job_key = next.job_key
-            RETURNING r.status
+            RETURNING r.job_key, r.status, next.token, next.kind, next.message
         ), attempt AS (
             UPDATE batch_job_attempt a
             SET finished_at = COALESCE($6, now()),
                 outcome = CASE
-                            WHEN $3 = 'retry' AND upd.status = 'PENDING' THEN 'retried'
-                            WHEN $3 = 'retry' THEN 'failed'
-                            WHEN $3 = 'release' THEN 'released'
-                            ELSE $3 END,
-                error_message = $4
+                            WHEN upd.kind = 'retry' AND upd.status = 'PENDING' THEN 'retried'
+                            WHEN upd.kind = 'retry' THEN 'failed'
+                            WHEN upd.kind = 'release' THEN 'released'
+                            ELSE upd.kind END,
+                error_message = upd.message
             FROM upd
-            WHERE a.job_key = $1 AND a.lease_token = $2
+            WHERE a.job_key = upd.job_key AND a.lease_token = upd.token
         )
-        SELECT status FROM upd
+        SELECT job_key, status FROM upd
         "#,
     )
-    .bind(fence.key.as_str())
-    .bind(fence.token)
-    .bind(kind)
-    .bind(message)
-    .bind(delay)
+    .bind(&keys)
+    .bind(&tokens)
+    .bind(&kinds)
+    .bind(&messages)
+    .bind(&delays)
     .bind(clock.bind())
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await?;
-    match status.as_deref().and_then(RunStatus::parse) {
-        Some(s) => Ok(s),
-        None => Err(QueueError::LeaseLost(fence.key.to_string())),
+    let mut done = std::collections::HashMap::with_capacity(rows.len());
+    for row in rows {
+        let key: String = row.try_get("job_key")?;
+        let status: String = row.try_get("status")?;
+        let status = RunStatus::parse(&status)
+            .ok_or_else(|| QueueError::Invalid(format!("unknown status {status}")))?;
+        done.insert(key, status);
     }
+    Ok(keys.iter().map(|k| done.get(*k).copied()).collect())
 }
 
 /// The retry delay after failed attempt `attempt` (1-based): `base * 2^(n-1)`,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -80,6 +80,21 @@ struct Shared {
     held: Mutex<HashMap<JobKey, Held>>,
     signals: Shutdown,
     clock: Clock,
+    /// Finishes go through the completer, which writes every finish that is
+    /// waiting in one statement.
+    finishes: mpsc::UnboundedSender<FinishRequest>,
+    /// Runs whose handler has returned and whose finish is being written. A
+    /// run gives its execution slot back when its handler returns, so the
+    /// next claim overlaps the finish; this second bound keeps the leases a
+    /// process holds at most twice its concurrency.
+    finishing: Arc<Semaphore>,
+}
+
+/// One finish waiting for the completer, with where to send its result.
+struct FinishRequest {
+    fence: queue::Fence,
+    finish: Finish,
+    reply: oneshot::Sender<Result<queue::RunStatus, QueueError>>,
 }
 
 /// Runs a worker until `signals.shutdown` fires and every handler has ended.
@@ -111,6 +126,7 @@ pub async fn run(
         .map(|s| s.lease_ttl)
         .min()
         .unwrap_or(Duration::from_secs(30));
+    let (finishes, finish_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         registry,
         config,
@@ -119,6 +135,8 @@ pub async fn run(
         held: Mutex::new(HashMap::new()),
         signals: signals.clone(),
         clock: Clock::Db,
+        finishes,
+        finishing: Arc::new(Semaphore::new(opts.concurrency.max(1) as usize)),
     });
     if let Err(e) = worker_registry::register(&pool, &opts.worker_id, VERSION).await {
         // The heartbeat loop re-registers once the database answers.
@@ -127,6 +145,14 @@ pub async fn run(
     let stopped = CancellationToken::new();
     let wake = Arc::new(Notify::new());
     let mut services = JoinSet::new();
+    // The completer outlives every run task: it stops only when `stopped`
+    // fires, after the last task has ended.
+    services.spawn(completer_loop(
+        pool.clone(),
+        finish_rx,
+        Clock::Db,
+        stopped.clone(),
+    ));
     services.spawn(heartbeat_loop(
         shared.clone(),
         heartbeat_pool,
@@ -154,6 +180,9 @@ pub async fn run(
     let mut tasks = JoinSet::new();
     let mut backoff = Backoff::new();
     while !signals.shutdown.is_cancelled() {
+        // Let run tasks that are ready give their slots back first, so one
+        // claim takes them all rather than one each.
+        tokio::task::yield_now().await;
         while let Some(done) = tasks.try_join_next() {
             log_task_end(done);
         }
@@ -168,10 +197,7 @@ pub async fn run(
                             break;
                         };
                         let shared = shared.clone();
-                        tasks.spawn(async move {
-                            execute(shared, lease).await;
-                            drop(permit);
-                        });
+                        tasks.spawn(execute(shared, lease, permit));
                     }
                 }
                 Err(e) => {
@@ -236,8 +262,9 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// One attempt, from claimed lease to finish.
-async fn execute(shared: Arc<Shared>, lease: Lease) {
+/// One attempt, from claimed lease to finish. `slot` is its execution slot,
+/// given back as soon as the handler has returned.
+async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSemaphorePermit) {
     let cfg = job_config(&shared.config, &lease.job);
     let Some(job) = shared.registry.get(&lease.job).cloned() else {
         // Unreachable: claims name only registered jobs. Release it anyway.
@@ -318,6 +345,10 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         }
         End::Handler(Err(JobError::Cancelled)) | End::Aborted => Some(Finish::Release),
     };
+    // Take a finishing slot before giving the execution slot back, so the
+    // leases held never exceed twice the concurrency.
+    let finishing = shared.finishing.clone().acquire_owned().await;
+    drop(slot);
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let job = lease.job.to_string();
     let record = |outcome: &'static str| {
@@ -347,6 +378,7 @@ async fn execute(shared: Arc<Shared>, lease: Lease) {
         }
     }
     lock(&shared.held).remove(&lease.key);
+    drop(finishing);
 }
 
 async fn finish_with_retries(
@@ -361,7 +393,7 @@ async fn finish_with_retries(
         (chrono::Utc::now() - chrono::Duration::milliseconds(elapsed_ms as i64)).to_rfc3339();
     let mut backoff = Backoff::new();
     loop {
-        match queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await {
+        match submit_finish(shared, lease, finish).await {
             Ok(status) => {
                 let error = match finish {
                     Finish::Retry { error, .. } | Finish::Fatal { error } => Some(error.as_str()),
@@ -418,7 +450,7 @@ fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
 
 async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
     for attempt in 0..3 {
-        match queue::finish(&shared.pool, &lease.fence(), &Finish::Release, shared.clock).await {
+        match submit_finish(shared, lease, &Finish::Release).await {
             Ok(_) => {
                 metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "released")
                     .increment(1);
@@ -434,6 +466,94 @@ async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
         }
     }
     warn!(job_key = %lease.key, "could not release the lease; it will expire and be recovered");
+}
+
+/// Hands a finish to the completer and waits for its result.
+async fn submit_finish(
+    shared: &Shared,
+    lease: &Lease,
+    finish: &Finish,
+) -> Result<queue::RunStatus, QueueError> {
+    let (reply, result) = oneshot::channel();
+    let request = FinishRequest {
+        fence: lease.fence(),
+        finish: finish.clone(),
+        reply,
+    };
+    if shared.finishes.send(request).is_err() {
+        // Unreachable while run tasks exist; the direct statement is the same
+        // write, so fall back to it rather than lose the finish.
+        return queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await;
+    }
+    match result.await {
+        Ok(r) => r,
+        Err(_) => queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await,
+    }
+}
+
+/// Writes finishes in batches: it waits for one, takes every other finish
+/// already waiting (up to [`queue::MAX_FINISH_BATCH`]) and ends them all in
+/// one statement and one commit. Nothing waits on purpose: while one batch is
+/// being written the next one gathers, so a busy worker commits once per
+/// batch and an idle one finishes a run as soon as its handler returns. A
+/// failed statement is reported to every caller, which retries as before.
+async fn completer_loop(
+    pool: PgPool,
+    mut rx: mpsc::UnboundedReceiver<FinishRequest>,
+    clock: Clock,
+    stopped: CancellationToken,
+) {
+    let mut batch = Vec::new();
+    loop {
+        let first = tokio::select! {
+            r = rx.recv() => r,
+            _ = stopped.cancelled() => None,
+        };
+        let Some(first) = first else { return };
+        batch.push(first);
+        // Let the run tasks that are ready hand in their finishes too: one
+        // reply wakes many tasks at once, and without this the next batch
+        // would start with whichever of them happened to run first.
+        for _ in 0..4 {
+            let before = batch.len();
+            while batch.len() < queue::MAX_FINISH_BATCH {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.len() == before || batch.len() >= queue::MAX_FINISH_BATCH {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let items: Vec<(queue::Fence, Finish)> = batch
+            .iter()
+            .map(|r| (r.fence.clone(), r.finish.clone()))
+            .collect();
+        match queue::finish_many(&pool, &items, clock).await {
+            Ok(statuses) => {
+                for (request, status) in batch.drain(..).zip(statuses) {
+                    let result =
+                        status.ok_or_else(|| QueueError::LeaseLost(request.fence.key.to_string()));
+                    // A caller that stopped waiting has nothing left to do.
+                    let _ = request.reply.send(result);
+                }
+            }
+            Err(e) => {
+                let transient = e.is_transient();
+                let message = e.to_string();
+                for request in batch.drain(..) {
+                    let error = if transient {
+                        QueueError::Unavailable(message.clone())
+                    } else {
+                        QueueError::Invalid(message.clone())
+                    };
+                    let _ = request.reply.send(Err(error));
+                }
+            }
+        }
+    }
 }
 
 /// Extends every held lease in one statement on a dedicated pool. A lease

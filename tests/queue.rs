@@ -655,3 +655,101 @@ async fn status_counts_and_stale_runs() {
     let total: i64 = st.counts.iter().map(|c| c.runs).sum();
     assert_eq!(total, 2);
 }
+
+#[tokio::test]
+async fn finish_many_ends_each_attempt_by_its_own_token() {
+    let db = TestDb::new(&[]).await;
+    let runs: Vec<NewRun> = (1..=5).map(|d| run(d, 2)).collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let mut leases = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 5, Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 5);
+    leases.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+    // The fourth lease is taken over before the batch: its stale token must
+    // be refused while the other four finish.
+    let stale = leases[3].fence();
+    queue::finish(&db.pool, &stale, &Finish::Release, Clock::Db)
+        .await
+        .unwrap();
+    let items = vec![
+        (leases[4].fence(), Finish::Succeeded),
+        (
+            leases[0].fence(),
+            Finish::Retry {
+                error: "flaky".into(),
+                delay: Duration::from_secs(60),
+            },
+        ),
+        (stale.clone(), Finish::Succeeded),
+        (
+            leases[1].fence(),
+            Finish::Skipped {
+                reason: "holiday".into(),
+            },
+        ),
+        (
+            leases[2].fence(),
+            Finish::Fatal {
+                error: "bad data".into(),
+            },
+        ),
+    ];
+    let statuses = queue::finish_many(&db.pool, &items, Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses,
+        vec![
+            Some(RunStatus::Succeeded),
+            Some(RunStatus::Pending),
+            None,
+            Some(RunStatus::Skipped),
+            Some(RunStatus::Failed),
+        ]
+    );
+    // The refused one was left exactly as the release made it.
+    let (st, attempts, token) = status_of(&db.pool, &stale.key).await;
+    assert_eq!(st, "PENDING");
+    assert_eq!(attempts, 1);
+    assert_ne!(token, Some(stale.token));
+    // Every attempt row got its own outcome and message.
+    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT job_key, outcome, error_message FROM batch_job_attempt ORDER BY job_key",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let got: Vec<(Option<String>, Option<String>)> =
+        rows.into_iter().map(|(_, o, m)| (o, m)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some("retried".into()), Some("flaky".into())),
+            (Some("skipped".into()), Some("holiday".into())),
+            (Some("fatal".into()), Some("bad data".into())),
+            (Some("released".into()), None),
+            (Some("succeeded".into()), None),
+        ]
+    );
+    // The retried run waits for its delay, measured on the database clock.
+    let wait: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM next_run_at - now())::float8 FROM batch_job_run WHERE job_key = $1",
+    )
+    .bind(leases[0].key.as_str())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!((55.0..=61.0).contains(&wait), "retry in {wait}s");
+    // A key twice in one batch is refused before anything is written.
+    let again = queue::finish_many(
+        &db.pool,
+        &[
+            (leases[4].fence(), Finish::Succeeded),
+            (leases[4].fence(), Finish::Succeeded),
+        ],
+        Clock::Db,
+    )
+    .await;
+    assert!(matches!(again, Err(QueueError::Invalid(_))));
+}
