@@ -288,16 +288,10 @@ pub async fn claim(
     let rows = sqlx::query(
         r#"
         WITH picked AS (
-            -- Served by batch_job_run_claim_idx in claim order, so the scan
-            -- stops at the limit whatever plan the prepared statement caches.
-            SELECT r.job_key
-            FROM batch_job_run r
-            WHERE r.status = 'PENDING'
-              AND r.next_run_at <= COALESCE($5, now())
-              AND r.job_name = ANY($1)
-            ORDER BY r.next_run_at, r.job_key
-            LIMIT $3
-            FOR UPDATE SKIP LOCKED
+            -- The pick lives in a function whose settings keep the plan on
+            -- batch_job_run_claim_idx in claim order, stopping at the limit
+            -- (migration 20260901000005 says why).
+            SELECT batchonce_due_runs($1, $3, COALESCE($5, now())) AS job_key
         ), claimed AS (
             UPDATE batch_job_run r
             SET status = 'RUNNING',
@@ -1013,7 +1007,7 @@ pub async fn status(
     let stale: Vec<String> = sqlx::query_scalar(
         "SELECT r.job_key FROM batch_job_run r \
          JOIN unnest($1::text[], $2::float8[]) AS s(job_name, secs) ON s.job_name = r.job_name \
-         WHERE r.status = 'RUNNING' \
+         WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL \
            AND r.started_at < COALESCE($3, now()) - make_interval(secs => s.secs) \
          ORDER BY r.started_at",
     )
@@ -1100,7 +1094,9 @@ pub async fn stale_runs(
         JOIN cfg ON cfg.job_name = r.job_name
         CROSS JOIN t
         LEFT JOIN batch_worker w ON w.worker_id = r.lease_owner
-        WHERE r.status = 'RUNNING'
+        -- A lease expiry is set exactly while RUNNING; saying so lets the
+        -- scan use batch_job_run_lease_idx.
+        WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL
           AND (r.started_at < t.now - make_interval(secs => cfg.stale_secs)
                OR (cfg.hold AND r.lease_expires_at <= t.now))
         ORDER BY r.started_at
@@ -1454,7 +1450,7 @@ pub async fn gauges(
              FROM batch_job_run r WHERE r.job_name = cfg.job_name
               AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
           (SELECT count(*) FROM batch_job_run r WHERE r.job_name = cfg.job_name
-              AND status = 'RUNNING'
+              AND status = 'RUNNING' AND lease_expires_at IS NOT NULL
               AND (started_at < t.now - make_interval(secs => cfg.stale_secs)
                    OR (cfg.hold AND lease_expires_at <= t.now))) AS stale,
           (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8

@@ -133,6 +133,9 @@ async fn schema_checks_reject_bad_rows_by_name() {
         ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
           VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, 'RUNNING')",
          "batch_job_run_lease_check"),
+        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, lease_expires_at) \
+          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, now())",
+         "batch_job_run_lease_expiry_check"),
         ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, payload) \
           VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, \
                   jsonb_build_object('x', repeat('y', 70000)))",
@@ -214,6 +217,89 @@ async fn claim_only_takes_named_jobs_and_due_runs() {
         .unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].key, run(1, 3).key);
+}
+
+/// Index entries of `batch_job_run_claim_idx` read so far in the open
+/// transaction of `conn`.
+async fn claim_index_reads(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_tuples_returned('batch_job_run_claim_idx'::regclass)",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// A backlog that statistics do not know about (a table never analyzed yet,
+/// as after a deploy, when an outage's worth of runs arrives) is claimed
+/// from the head of the claim index, not by reading and sorting every
+/// pending run on each claim.
+#[tokio::test]
+async fn a_backlog_unknown_to_statistics_is_claimed_from_the_head() {
+    let db = TestDb::new(&[]).await;
+    // No statistics are gathered during the test.
+    sqlx::query("ALTER TABLE batch_job_run SET (autovacuum_enabled = false)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // History (finished runs, here recorded as skipped), then the backlog.
+    let history: Vec<NewRun> = (0..2000)
+        .map(|d| NewRun {
+            skip_reason: Some("history".into()),
+            ..run(d, 3)
+        })
+        .collect();
+    queue::enqueue(&db.pool, &history, Clock::Db).await.unwrap();
+    let backlog: Vec<NewRun> = (2000..7000).map(|d| run(d, 3)).collect();
+    queue::enqueue(&db.pool, &backlog, Clock::Db).await.unwrap();
+
+    // Control: the pick as a plain prepared statement, under the generic
+    // plan a prepared statement settles on, reads the whole backlog under
+    // these statistics, so the setup does show the problem.
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let plain: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_key FROM batch_job_run \
+         WHERE status = 'PENDING' AND next_run_at <= $1 AND job_name = ANY($2) \
+         ORDER BY next_run_at, job_key LIMIT $3 FOR UPDATE SKIP LOCKED) p",
+    )
+    .bind(db_now(&db.pool).await)
+    .bind(vec!["test-job"])
+    .bind(10i64)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(plain, 10);
+    let control = claim_index_reads(&mut tx).await;
+    assert!(
+        control >= 5000,
+        "the plain pick read only {control} index entries"
+    );
+    tx.rollback().await.unwrap();
+
+    // The claim's pick reads about as many entries as it takes.
+    let mut tx = db.pool.begin().await.unwrap();
+    let picked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM batchonce_due_runs('{test-job}', 10, now())")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(picked, 10);
+    let reads = claim_index_reads(&mut tx).await;
+    assert!(reads <= 20, "the claim's pick read {reads} index entries");
+    tx.rollback().await.unwrap();
+
+    // And the claim takes the oldest due runs, in order.
+    let got = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 10, Clock::Db)
+        .await
+        .unwrap();
+    let want: Vec<JobKey> = backlog[..10].iter().map(|r| r.key.clone()).collect();
+    let mut keys: Vec<JobKey> = got.iter().map(|l| l.key.clone()).collect();
+    keys.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    assert_eq!(keys, want);
 }
 
 #[tokio::test]
