@@ -28,6 +28,7 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
     for r in lines[1]["results"].as_array().unwrap() {
         assert!(r["runs_per_s"].as_f64().unwrap() > 0.0);
         assert!(r["baseline_runs_per_s"].as_f64().unwrap() > 0.0);
+        assert!(r["baseline_with_history_runs_per_s"].as_f64().unwrap() > 0.0);
         assert_eq!(r["attempt_rows"], r["runs"], "one attempt row per run");
     }
     let paths: Vec<&str> = lines[2]["results"]
@@ -42,10 +43,25 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
 }
 
 #[test]
-fn an_unknown_scenario_is_one_error_line() {
-    let out = Command::new(BENCH).arg("warp").output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("unknown scenario \"warp\""), "{err}");
+fn bad_arguments_are_one_error_line() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["warp"], "invalid value 'warp' for '[SCENARIO]'"),
+        (&["drain", "--concurrency", "0"], "0 is not in 1..=1000"),
+        (
+            &["drain", "--runs", "lots"],
+            "invalid value 'lots' for '--runs <RUNS>'",
+        ),
+        (
+            &["all", "--size", "huge"],
+            "invalid value 'huge' for '--size <SIZE>'",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(BENCH).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("batchonce-bench: error: "), "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }

@@ -47,7 +47,7 @@ impl Job for Noop {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Size {
     Tiny,
     Full,
@@ -144,15 +144,24 @@ async fn reset(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// The bare-SQL queue: claims of `batch` with SKIP LOCKED and a token, then
-/// one batched update fenced by the token, from `concurrency` tasks.
+/// one batched update fenced by the token, from `concurrency` tasks. With
+/// `history`, each claim also inserts an attempt row and each finish closes
+/// it, in the same statements: the part of the engine's work that the
+/// minimal queue leaves out, measured the same way.
 async fn baseline_drain(
     pool: &PgPool,
     n: usize,
     concurrency: u32,
     batch: i64,
+    history: bool,
 ) -> anyhow::Result<f64> {
     sqlx::raw_sql(
-        "DROP TABLE IF EXISTS bench_q; CREATE TABLE bench_q (id bigint PRIMARY KEY, state text NOT NULL, token bigint); \
+        "DROP TABLE IF EXISTS bench_h; DROP TABLE IF EXISTS bench_q; \
+         CREATE TABLE bench_q (id bigint PRIMARY KEY, state text NOT NULL, token bigint); \
+         CREATE INDEX bench_q_pending ON bench_q (id) WHERE state = 'pending'; \
+         CREATE TABLE bench_h (id bigint NOT NULL REFERENCES bench_q (id), token bigint NOT NULL, \
+             started_at timestamptz NOT NULL, finished_at timestamptz, outcome text, \
+             PRIMARY KEY (id, token)); \
          CREATE SEQUENCE IF NOT EXISTS bench_q_token;",
     )
     .execute(pool)
@@ -161,33 +170,48 @@ async fn baseline_drain(
         .bind(n as i64)
         .execute(pool)
         .await?;
+    sqlx::query("ANALYZE bench_q").execute(pool).await?;
+    let (claim_sql, finish_sql) = if history {
+        (
+            "WITH c AS (SELECT id FROM bench_q WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             u AS (UPDATE bench_q q SET state = 'running', token = nextval('bench_q_token') FROM c WHERE q.id = c.id \
+                   RETURNING q.id, q.token), \
+             h AS (INSERT INTO bench_h (id, token, started_at) SELECT id, token, now() FROM u) \
+             SELECT id, token FROM u",
+            "WITH f AS (UPDATE bench_q q SET state = 'done' FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token) \
+                        WHERE q.id = u.id AND q.token = u.token AND q.state = 'running' RETURNING q.id, q.token) \
+             UPDATE bench_h h SET finished_at = now(), outcome = 'succeeded' FROM f \
+             WHERE h.id = f.id AND h.token = f.token",
+        )
+    } else {
+        (
+            "WITH c AS (SELECT id FROM bench_q WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             UPDATE bench_q q SET state = 'running', token = nextval('bench_q_token') FROM c WHERE q.id = c.id \
+             RETURNING q.id, q.token",
+            "UPDATE bench_q q SET state = 'done' FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token) \
+             WHERE q.id = u.id AND q.token = u.token AND q.state = 'running'",
+        )
+    };
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let pool = pool.clone();
         tasks.spawn(async move {
             loop {
-                let rows: Vec<(i64, i64)> = sqlx::query_as(
-                    "WITH c AS (SELECT id FROM bench_q WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-                     UPDATE bench_q q SET state = 'running', token = nextval('bench_q_token') FROM c WHERE q.id = c.id \
-                     RETURNING q.id, q.token",
-                )
-                .bind(batch)
-                .fetch_all(&pool)
-                .await?;
+                let rows: Vec<(i64, i64)> = sqlx::query_as(claim_sql)
+                    .bind(batch)
+                    .fetch_all(&pool)
+                    .await?;
                 if rows.is_empty() {
                     return Ok::<_, sqlx::Error>(());
                 }
                 let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
                 let tokens: Vec<i64> = rows.iter().map(|r| r.1).collect();
-                sqlx::query(
-                    "UPDATE bench_q q SET state = 'done' FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token) \
-                     WHERE q.id = u.id AND q.token = u.token AND q.state = 'running'",
-                )
-                .bind(&ids)
-                .bind(&tokens)
-                .execute(&pool)
-                .await?;
+                sqlx::query(finish_sql)
+                    .bind(&ids)
+                    .bind(&tokens)
+                    .execute(&pool)
+                    .await?;
             }
         });
     }
@@ -199,13 +223,26 @@ async fn baseline_drain(
     if done != n as i64 {
         bail!("baseline drained {done} of {n}");
     }
+    if history {
+        let closed = count(
+            pool,
+            "SELECT count(*) FROM bench_h WHERE outcome = 'succeeded'",
+        )
+        .await?;
+        if closed != n as i64 {
+            bail!("baseline closed {closed} of {n} attempt rows");
+        }
+    }
     Ok(n as f64 / secs)
 }
 
-async fn drain(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
-    let n = if size == Size::Full { 20_000 } else { 200 };
+async fn drain(
+    pool: &PgPool,
+    n: usize,
+    concurrencies: &[u32],
+) -> anyhow::Result<serde_json::Value> {
     let mut results = Vec::new();
-    for concurrency in [8u32, 32] {
+    for &concurrency in concurrencies {
         reset(pool).await?;
         queue::enqueue(pool, &noop_runs(n, 0), Clock::Db).await?;
         let ran_before = NOOP_RAN.load(std::sync::atomic::Ordering::Relaxed);
@@ -228,7 +265,9 @@ async fn drain(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
             "SELECT count(*) FROM batch_job_attempt WHERE job_key LIKE 'bench-noop:%'",
         )
         .await?;
-        let baseline = baseline_drain(pool, n, concurrency, i64::from(concurrency.min(32))).await?;
+        let batch = i64::from(concurrency.min(32));
+        let baseline = baseline_drain(pool, n, concurrency, batch, false).await?;
+        let with_history = baseline_drain(pool, n, concurrency, batch, true).await?;
         results.push(json!({
             "concurrency": concurrency,
             "runs": n,
@@ -236,10 +275,14 @@ async fn drain(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
             "runs_per_s": framework.round(),
             "baseline_runs_per_s": baseline.round(),
             "ratio": (framework / baseline * 100.0).round() / 100.0,
+            "baseline_with_history_runs_per_s": with_history.round(),
+            "ratio_to_baseline_with_history": (framework / with_history * 100.0).round() / 100.0,
         }));
         eprintln!(
-            "drain c={concurrency}: {framework:.0} runs/s, bare SQL {baseline:.0} runs/s, ratio {:.2}",
-            framework / baseline
+            "drain c={concurrency}: {framework:.0} runs/s, bare SQL {baseline:.0} runs/s, ratio {:.2}; \
+             bare SQL with attempt rows {with_history:.0} runs/s, ratio {:.2}",
+            framework / baseline,
+            framework / with_history
         );
     }
     reset(pool).await?;
@@ -485,22 +528,64 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// What to measure.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "batchonce-bench",
+    about = "Throughput and latency of batchonce next to bare-SQL baselines of the same run"
+)]
+struct Args {
+    /// The scenario to run.
+    #[arg(value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    /// Full size (the figures in BENCHMARKS.md) or tiny (proves it works).
+    #[arg(long, value_enum, default_value_t = Size::Full)]
+    size: Size,
+    /// drain: runs per measured concurrency (default 20,000; 200 at tiny size).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    runs: Option<u32>,
+    /// drain: the worker concurrencies to measure, comma-separated (default 8,32).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: Vec<u32>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Scenario {
+    Drain,
+    Pickup,
+    Enqueue,
+    Settle,
+    All,
+}
+
 async fn run() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().map(String::as_str).unwrap_or("all");
-    let size = match args
-        .iter()
-        .position(|a| a == "--size")
-        .and_then(|i| args.get(i + 1))
-    {
-        None => Size::Full,
-        Some(s) if s == "full" => Size::Full,
-        Some(s) if s == "tiny" => Size::Tiny,
-        Some(s) => bail!("unknown --size {s:?} (tiny or full)"),
+    let args = match <Args as clap::Parser>::try_parse() {
+        Ok(a) => a,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            print!("{e}");
+            return Ok(());
+        }
+        // clap's first line names the argument and the rejected value.
+        Err(e) => bail!(
+            "{}",
+            e.to_string()
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ")
+        ),
     };
-    if !matches!(scenario, "drain" | "pickup" | "enqueue" | "settle" | "all") {
-        bail!("unknown scenario {scenario:?} (drain, pickup, enqueue, settle or all)");
-    }
+    let (scenario, size) = (args.scenario, args.size);
+    let drain_runs = args
+        .runs
+        .map(|n| n as usize)
+        .unwrap_or(if size == Size::Full { 20_000 } else { 200 });
+    let concurrencies = if args.concurrency.is_empty() {
+        vec![8, 32]
+    } else {
+        args.concurrency.clone()
+    };
     let (server, cluster) = database().await?;
     let admin = batchonce::db::connect(&server, "batchonce-bench", 2).await?;
     let name = format!("batchonce_bench_{}", std::process::id());
@@ -512,17 +597,17 @@ async fn run() -> anyhow::Result<()> {
         let pool = batchonce::db::connect(&url, "batchonce-bench", 40).await?;
         batchonce::db::migrate(&pool, &batchonce_workers::migrations()).await?;
         let pool = Arc::new(pool);
-        let all = scenario == "all";
-        if all || scenario == "enqueue" {
+        let all = scenario == Scenario::All;
+        if all || scenario == Scenario::Enqueue {
             println!("{}", enqueue(&pool, size).await?);
         }
-        if all || scenario == "drain" {
-            println!("{}", drain(&pool, size).await?);
+        if all || scenario == Scenario::Drain {
+            println!("{}", drain(&pool, drain_runs, &concurrencies).await?);
         }
-        if all || scenario == "pickup" {
+        if all || scenario == Scenario::Pickup {
             println!("{}", pickup(&pool, size).await?);
         }
-        if all || scenario == "settle" {
+        if all || scenario == Scenario::Settle {
             println!("{}", settle(&pool, &url, size).await?);
         }
         pool.close().await;
