@@ -39,6 +39,11 @@ struct Cli {
     /// Log format on stderr; JSON by default when stderr is not a terminal.
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormat>,
+    /// The database URL goes through PgBouncer in transaction pooling mode
+    /// (or BATCHONCE_PGBOUNCER=true): no prepared statements are kept, every
+    /// statement runs in its own transaction and no session setting is sent.
+    #[arg(long, env = "BATCHONCE_PGBOUNCER", global = true)]
+    pgbouncer: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,8 +120,14 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = duration_arg)]
         poll_interval: Duration,
         /// Do not LISTEN for enqueue notifications (poll only).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "listen_url")]
         no_listen: bool,
+        /// LISTEN on a connection of its own to this URL (or
+        /// BATCHONCE_LISTEN_URL) instead of one from the pool: a direct URL
+        /// to PostgreSQL when DATABASE_URL goes through PgBouncer, which
+        /// cannot hold a LISTEN session.
+        #[arg(long, env = "BATCHONCE_LISTEN_URL", hide_env_values = true)]
+        listen_url: Option<String>,
         /// Serve /metrics, /healthz and /readyz here.
         #[arg(long, default_value = "127.0.0.1:9464")]
         metrics_addr: std::net::SocketAddr,
@@ -330,6 +341,22 @@ fn require_url(cli: &Cli) -> anyhow::Result<&str> {
 }
 
 async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
+    if cli.pgbouncer {
+        // These need a session of their own: sqlx's migrator holds an
+        // advisory lock for the whole migration, `roles` and `preflight`
+        // check the real server, and `demo` starts its own database.
+        let direct = match &cli.command {
+            Command::Migrate => Some("migrate"),
+            Command::Roles { .. } => Some("roles"),
+            Command::Preflight { .. } | Command::PreflightRacer { .. } => Some("preflight"),
+            Command::Demo => Some("demo"),
+            _ => None,
+        };
+        if let Some(name) = direct {
+            bail!("`{name}` needs a direct connection to PostgreSQL: run it without --pgbouncer (and BATCHONCE_PGBOUNCER), with a URL to the server itself");
+        }
+        db::set_transaction_pooler(true);
+    }
     let config = load_config(&cli, &registry)?;
     // Jobs of the user's own (`command = [...]`) join the built-in kinds.
     let registry =
@@ -489,6 +516,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             grace,
             poll_interval,
             no_listen,
+            listen_url,
             metrics_addr,
             max_connections,
         } => {
@@ -506,11 +534,29 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                 .unwrap_or(Duration::from_secs(30));
             let idle_tx = (max_ttl * 2).max(Duration::from_secs(10));
             let size = max_connections.unwrap_or(concurrency + 3);
-            if size < 2 && !no_listen {
-                bail!("--max-connections 1 leaves no connection for claims once LISTEN holds one: give at least 2, or add --no-listen");
+            let listen = !no_listen;
+            if listen && listen_url.is_none() && cli.pgbouncer {
+                bail!("--pgbouncer: PgBouncer in transaction mode cannot hold a LISTEN session; give --listen-url with a direct URL to PostgreSQL, or --no-listen to poll");
+            }
+            if size < 2 && listen && listen_url.is_none() {
+                bail!("--max-connections 1 leaves no connection for claims once LISTEN holds one: give at least 2, add --listen-url, or add --no-listen");
             }
             let pool = db::connect_worker(url, &worker_id, size, idle_tx)?;
             let heartbeat_pool = db::connect_worker(url, &worker_id, 1, idle_tx)?;
+            // The LISTEN session never goes through a pooler: its own
+            // connection, outside the pool's budget.
+            let listen_pool = match listen_url {
+                Some(u) if listen => Some(db::connect_direct_lazy(u, &worker_id, 1)?),
+                _ => None,
+            };
+            tracing::info!(
+                pool = size,
+                heartbeat = 1,
+                listen = u8::from(listen_pool.is_some()),
+                max_connections = size + 1 + u32::from(listen_pool.is_some()),
+                pgbouncer = cli.pgbouncer,
+                "connection budget"
+            );
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;
             let server = spawn_metrics(*metrics_addr, &pool, &signals);
@@ -522,7 +568,8 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             opts.concurrency = *concurrency;
             opts.grace = *grace;
             opts.poll_interval = *poll_interval;
-            opts.listen = !no_listen;
+            opts.listen = listen;
+            opts.listen_pool = listen_pool;
             worker::run(
                 registry,
                 config,
@@ -895,7 +942,8 @@ fn spawn_metrics(
     let (pool, flag, stop) = (pool.clone(), ready.clone(), signals.shutdown.clone());
     tokio::spawn(async move {
         loop {
-            let ok = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+            // The simple protocol: one exchange, safe through any pooler.
+            let ok = sqlx::raw_sql("SELECT 1").execute(&pool).await.is_ok();
             flag.store(ok, std::sync::atomic::Ordering::Relaxed);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(if ok { 10 } else { 1 })) => {}

@@ -1,13 +1,18 @@
 //! Connections and migrations. Every pool is built here, so every session
 //! carries an `application_name` (the worker id) that `pg_stat_activity` shows,
-//! and no URL with a password reaches a log line or an error message.
+//! and no URL with a password reaches a log line or an error message. It also
+//! owns how statements reach PostgreSQL through PgBouncer in transaction
+//! pooling mode ([`set_transaction_pooler`], [`statement`]).
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 
 /// The engine's own migrations, embedded in the binary.
 pub static ENGINE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
@@ -53,13 +58,108 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Whether this process reaches PostgreSQL through a pooler in transaction
+/// mode (PgBouncer `pool_mode = transaction`), which hands each transaction
+/// to whichever server connection is free. One process talks to its database
+/// one way, so this is set once at start (`--pgbouncer`) rather than passed
+/// through every call.
+static TRANSACTION_POOLER: AtomicBool = AtomicBool::new(false);
+
+/// Declares that every connection of this process goes through a pooler in
+/// transaction mode. From then on pools keep no prepared statements and send
+/// no session settings, and [`statement`] wraps each statement in its own
+/// transaction.
+pub fn set_transaction_pooler(on: bool) {
+    TRANSACTION_POOLER.store(on, Ordering::Relaxed);
+}
+
+/// See [`set_transaction_pooler`].
+pub fn transaction_pooler() -> bool {
+    TRANSACTION_POOLER.load(Ordering::Relaxed)
+}
+
+/// The connection one statement runs on, from [`statement`].
+pub enum StatementConn {
+    /// Through a transaction pooler: its own transaction, committed by
+    /// [`StatementConn::done`].
+    Tx(Transaction<'static, Postgres>),
+    /// Direct: a pooled connection, the statement commits by itself.
+    Conn(PoolConnection<Postgres>),
+}
+
+impl StatementConn {
+    pub fn conn(&mut self) -> &mut PgConnection {
+        match self {
+            StatementConn::Tx(tx) => tx,
+            StatementConn::Conn(c) => c,
+        }
+    }
+
+    /// Commits the statement's transaction, if it has one.
+    pub async fn done(self) -> Result<(), sqlx::Error> {
+        match self {
+            StatementConn::Tx(tx) => tx.commit().await,
+            StatementConn::Conn(_) => Ok(()),
+        }
+    }
+}
+
+/// A connection for one statement that is not part of a transaction of its
+/// own. sqlx sends a statement as two protocol exchanges (parse, then bind
+/// and execute, each ending in a Sync), and a transaction pooler may hand
+/// the second to another server between them, which then runs another
+/// client's statement or none ("unnamed prepared statement does not
+/// exist"). Inside an explicit transaction the pooler keeps one server, so
+/// through a pooler every such statement gets one; directly, it costs
+/// nothing extra.
+pub async fn statement(pool: &PgPool) -> Result<StatementConn, sqlx::Error> {
+    if transaction_pooler() {
+        Ok(StatementConn::Tx(pool.begin().await?))
+    } else {
+        Ok(StatementConn::Conn(pool.acquire().await?))
+    }
+}
+
+/// `sqlx::query`, prepared as a named statement that the connection keeps
+/// only when this process talks to PostgreSQL directly. Through a
+/// transaction pooler a named statement stays on a server connection that
+/// other clients then get, where the same name collides ("prepared
+/// statement \"sqlx_s_1\" already exists"); there the statement is unnamed
+/// and lives only as long as its own transaction ([`statement`]).
+pub fn query(sql: &str) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(sql).persistent(!transaction_pooler())
+}
+
+/// `sqlx::query_as`, prepared as [`query`] says.
+pub fn query_as<'q, O>(sql: &'q str) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_as(sql).persistent(!transaction_pooler())
+}
+
+/// `sqlx::query_scalar`, prepared as [`query`] says.
+pub fn query_scalar<'q, O>(sql: &'q str) -> QueryScalar<'q, Postgres, O, PgArguments>
+where
+    (O,): for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_scalar(sql).persistent(!transaction_pooler())
+}
+
 /// Parses a URL into connect options tagged with `application_name`.
 pub fn options(url: &str, application_name: &str) -> Result<PgConnectOptions, DbError> {
     let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
         url: redact(url),
         message: sanitize(&e.to_string(), url),
     })?;
-    Ok(opts.application_name(application_name))
+    let opts = opts.application_name(application_name);
+    // Named prepared statements live on one server connection, and a
+    // transaction pooler moves the client between them: keep none.
+    Ok(if transaction_pooler() {
+        opts.statement_cache_capacity(0)
+    } else {
+        opts
+    })
 }
 
 /// A pool that connects eagerly, so a bad URL or a down server is reported now.
@@ -85,14 +185,36 @@ pub fn connect_worker(
     max: u32,
     idle_tx_timeout: Duration,
 ) -> Result<PgPool, DbError> {
-    let opts = options(url, application_name)?.options([(
-        "idle_in_transaction_session_timeout",
-        format!("{}ms", idle_tx_timeout.as_millis()),
-    )]);
+    let opts = options(url, application_name)?;
+    // A transaction pooler refuses session settings in the startup packet;
+    // there the pooler's own `idle_transaction_timeout` does this job
+    // (README, "Running on several servers").
+    let opts = if transaction_pooler() {
+        opts
+    } else {
+        opts.options([(
+            "idle_in_transaction_session_timeout",
+            format!("{}ms", idle_tx_timeout.as_millis()),
+        )])
+    };
     Ok(PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(opts))
+}
+
+/// A lazy pool to PostgreSQL itself, never through a pooler, whatever
+/// [`set_transaction_pooler`] says: for the LISTEN session, which needs a
+/// session of its own.
+pub fn connect_direct_lazy(url: &str, application_name: &str, max: u32) -> Result<PgPool, DbError> {
+    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
+        url: redact(url),
+        message: sanitize(&e.to_string(), url),
+    })?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(opts.application_name(application_name)))
 }
 
 /// Versions of the engine's and job kinds' migrations not yet applied.
@@ -100,16 +222,19 @@ pub async fn pending_migrations(
     pool: &PgPool,
     kinds: &[&'static Migrator],
 ) -> Result<Vec<i64>, DbError> {
-    let applied: Vec<i64> =
-        match sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(pool)
-            .await
-        {
-            Ok(v) => v,
-            // 42P01: undefined table, a database that was never migrated.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
+    let mut stmt = statement(pool).await?;
+    let applied: Vec<i64> = match query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+        .fetch_all(stmt.conn())
+        .await
+    {
+        Ok(v) => {
+            stmt.done().await?;
+            v
+        }
+        // 42P01: undefined table, a database that was never migrated.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
     Ok(combined(kinds)
         .iter()
         .map(|m| m.version)

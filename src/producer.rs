@@ -140,7 +140,14 @@ pub async fn tick(
 ) -> Result<Vec<JobTick>, QueueError> {
     let now = match clock {
         Clock::At(t) => t,
-        Clock::Db => sqlx::query_scalar("SELECT now()").fetch_one(pool).await?,
+        Clock::Db => {
+            let mut stmt = crate::db::statement(pool).await?;
+            let now = crate::db::query_scalar("SELECT now()")
+                .fetch_one(stmt.conn())
+                .await?;
+            stmt.done().await?;
+            now
+        }
     };
     let plans: Vec<JobPlan> = config
         .jobs

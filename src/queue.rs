@@ -186,7 +186,7 @@ pub async fn enqueue(
         return Ok(EnqueueReport::default());
     }
     let mut tx = pool.begin().await?;
-    let inserted: Vec<String> = sqlx::query_scalar(
+    let inserted: Vec<String> = crate::db::query_scalar(
         r#"
         INSERT INTO batch_job_run
             (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
@@ -211,7 +211,7 @@ pub async fn enqueue(
     .fetch_all(&mut *tx)
     .await?;
     if !inserted.is_empty() {
-        sqlx::query("SELECT pg_notify($1, '')")
+        crate::db::query("SELECT pg_notify($1, '')")
             .bind(NOTIFY_CHANNEL)
             .execute(&mut *tx)
             .await?;
@@ -285,7 +285,8 @@ pub async fn claim(
     }
     let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH picked AS (
             -- The pick lives in a function whose settings keep the plan on
@@ -323,8 +324,9 @@ pub async fn claim(
     .bind(limit as i64)
     .bind(worker_id)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     rows.iter().map(lease_from_row).collect()
 }
 
@@ -377,7 +379,8 @@ pub async fn heartbeat(
     let keys: Vec<&str> = held.iter().map(|h| h.fence.key.as_str()).collect();
     let tokens: Vec<i64> = held.iter().map(|h| h.fence.token).collect();
     let ttls: Vec<f64> = held.iter().map(|h| h.lease_ttl.as_secs_f64()).collect();
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH h AS (
             SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS h(job_key, token, ttl)
@@ -409,8 +412,9 @@ pub async fn heartbeat(
     .bind(&tokens)
     .bind(&ttls)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     let mut report = HeartbeatReport::default();
     for row in rows {
         let key: String = row.try_get("job_key")?;
@@ -460,7 +464,7 @@ pub async fn begin_fenced(
     // FOR NO KEY UPDATE rather than FOR SHARE: this transaction updates the
     // same row at commit, and upgrading a share lock can deadlock against a
     // takeover that queued in between.
-    let ok: Option<i32> = sqlx::query_scalar(
+    let ok: Option<i32> = crate::db::query_scalar(
         r#"
         SELECT 1 FROM batch_job_run
         WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
@@ -508,7 +512,7 @@ impl FencedTx {
     /// Advances the run's counters and extends its lease (progress is proof
     /// of life), then commits everything written in the fence.
     pub async fn commit(mut self) -> Result<(i64, i64), QueueError> {
-        let n = sqlx::query(
+        let n = crate::db::query(
             r#"
             UPDATE batch_job_run
             SET processed_count = processed_count + $3,
@@ -538,7 +542,7 @@ impl FencedTx {
         }
         // The attempt's own counters too, so its history row shows what it
         // wrote even if the worker dies before finishing.
-        sqlx::query(
+        crate::db::query(
             "UPDATE batch_job_attempt \
              SET processed_count = processed_count + $3, failed_count = failed_count + $4 \
              WHERE job_key = $1 AND lease_token = $2",
@@ -660,7 +664,8 @@ pub async fn finish_many(
     // attempt up by key, so its cost grows with the batch, not the table.
     // (Narrowing the tables with `job_key = ANY($1)` instead made the cached
     // plan compare every row of the batch with every other: quadratic.)
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH f AS (
             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::float8[])
@@ -727,8 +732,9 @@ pub async fn finish_many(
     .bind(&messages)
     .bind(&delays)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     let mut done = std::collections::HashMap::with_capacity(rows.len());
     for row in rows {
         let key: String = row.try_get("job_key")?;
@@ -771,7 +777,8 @@ pub async fn recover_expired(
         return Ok(Vec::new());
     }
     let names: Vec<&str> = retry_jobs.iter().map(JobName::as_str).collect();
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH expired AS (
             SELECT job_key, lease_token AS old_token, lease_owner AS old_owner
@@ -807,8 +814,9 @@ pub async fn recover_expired(
     )
     .bind(&names)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     rows.iter()
         .map(|row| {
             let key: String = row.try_get("job_key")?;
@@ -897,12 +905,14 @@ pub async fn list_runs(
          WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR job_name = $2) \
          ORDER BY business_date DESC, job_key LIMIT $3"
     );
-    let rows = sqlx::query(&sql)
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(&sql)
         .bind(status.map(RunStatus::as_str))
         .bind(job.map(JobName::as_str))
         .bind(limit as i64)
-        .fetch_all(pool)
+        .fetch_all(stmt.conn())
         .await?;
+    stmt.done().await?;
     Ok(rows.iter().map(run_from_row).collect::<Result<_, _>>()?)
 }
 
@@ -912,21 +922,22 @@ pub async fn show_run(
     key: &JobKey,
 ) -> Result<Option<(RunView, Vec<AttemptView>)>, QueueError> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM batch_job_run WHERE job_key = $1");
-    let Some(row) = sqlx::query(&sql)
+    let mut stmt = crate::db::statement(pool).await?;
+    let Some(row) = crate::db::query(&sql)
         .bind(key.as_str())
-        .fetch_optional(pool)
+        .fetch_optional(stmt.conn())
         .await?
     else {
         return Ok(None);
     };
     let run = run_from_row(&row)?;
-    let attempts = sqlx::query(
+    let attempts = crate::db::query(
         "SELECT attempt, lease_token, worker_id, started_at, finished_at, outcome, \
          error_message, processed_count, failed_count \
          FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
     )
     .bind(key.as_str())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?
     .iter()
     .map(|r| {
@@ -943,6 +954,7 @@ pub async fn show_run(
         })
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    stmt.done().await?;
     Ok(Some((run, attempts)))
 }
 
@@ -973,11 +985,12 @@ pub async fn status(
     stale_after: &[(JobName, Duration)],
     clock: Clock,
 ) -> Result<QueueStatus, QueueError> {
-    let counts = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let counts = crate::db::query(
         "SELECT job_name, status, count(*) AS runs FROM batch_job_run \
          GROUP BY job_name, status ORDER BY job_name, status",
     )
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?
     .iter()
     .map(|r| {
@@ -988,23 +1001,29 @@ pub async fn status(
         })
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    let oldest: Option<f64> = sqlx::query_scalar(
+    stmt.done().await?;
+    let mut stmt = crate::db::statement(pool).await?;
+    let oldest: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
          FROM batch_job_run WHERE status = 'PENDING' AND next_run_at <= COALESCE($1, now())",
     )
     .bind(clock.bind())
-    .fetch_one(pool)
+    .fetch_one(stmt.conn())
     .await?;
-    let expired: i64 = sqlx::query_scalar(
+    stmt.done().await?;
+    let mut stmt = crate::db::statement(pool).await?;
+    let expired: i64 = crate::db::query_scalar(
         "SELECT count(*) FROM batch_job_run \
          WHERE status = 'RUNNING' AND lease_expires_at <= COALESCE($1, now())",
     )
     .bind(clock.bind())
-    .fetch_one(pool)
+    .fetch_one(stmt.conn())
     .await?;
+    stmt.done().await?;
     let names: Vec<&str> = stale_after.iter().map(|(n, _)| n.as_str()).collect();
     let secs: Vec<f64> = stale_after.iter().map(|(_, d)| d.as_secs_f64()).collect();
-    let stale: Vec<String> = sqlx::query_scalar(
+    let mut stmt = crate::db::statement(pool).await?;
+    let stale: Vec<String> = crate::db::query_scalar(
         "SELECT r.job_key FROM batch_job_run r \
          JOIN unnest($1::text[], $2::float8[]) AS s(job_name, secs) ON s.job_name = r.job_name \
          WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL \
@@ -1014,8 +1033,9 @@ pub async fn status(
     .bind(&names)
     .bind(&secs)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     Ok(QueueStatus {
         counts,
         oldest_pending_seconds: oldest,
@@ -1074,7 +1094,8 @@ pub async fn stale_runs(
     let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
     let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH cfg AS (
             SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bool[])
@@ -1107,8 +1128,9 @@ pub async fn stale_runs(
     .bind(&ttls)
     .bind(&holds)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     rows.iter()
         .map(|r| {
             let ttl: f64 = r.try_get("ttl_secs")?;
@@ -1246,7 +1268,7 @@ async fn check_action(
     req: &OperatorRequest,
     clock: Clock,
 ) -> Result<Result<String, Refused>, QueueError> {
-    let row: Option<(String, bool)> = sqlx::query_as(
+    let row: Option<(String, bool)> = crate::db::query_as(
         "SELECT status, (lease_expires_at <= COALESCE($3, now())                  OR started_at < COALESCE($3, now()) - make_interval(secs => $2)) IS TRUE          FROM batch_job_run WHERE job_key = $1 FOR UPDATE",
     )
     .bind(req.key.as_str())
@@ -1312,7 +1334,7 @@ pub async fn apply_action(
     ));
     // check_action locked the row, so this cannot miss; the WHERE repeats
     // the expected state all the same.
-    let updated: Option<String> = sqlx::query_scalar(
+    let updated: Option<String> = crate::db::query_scalar(
         r#"
         WITH upd AS (
             UPDATE batch_job_run r
@@ -1346,11 +1368,13 @@ pub async fn apply_action(
     .await?;
     if updated.is_none() {
         tx.rollback().await?;
+        let mut stmt = crate::db::statement(pool).await?;
         let status: String =
-            sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+            crate::db::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
                 .bind(req.key.as_str())
-                .fetch_one(pool)
+                .fetch_one(stmt.conn())
                 .await?;
+        stmt.done().await?;
         return Ok(Err(Refused {
             action: req.action.as_str(),
             key: req.key.to_string(),
@@ -1358,7 +1382,7 @@ pub async fn apply_action(
             detail: " (another action changed it first)".into(),
         }));
     }
-    sqlx::query(
+    crate::db::query(
         "INSERT INTO batch_operator_action          (at, operator, action, job_key, reason, before_status, after_status)          VALUES (COALESCE($1, now()), $2, $3, $4, $5, $6, $7)",
     )
     .bind(clock.bind())
@@ -1394,12 +1418,14 @@ pub struct ActionView {
 
 /// The operator history of a run, oldest first.
 pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, QueueError> {
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         "SELECT at, operator, session_user_name, action, reason, before_status, after_status          FROM batch_operator_action WHERE job_key = $1 ORDER BY id",
     )
     .bind(key.as_str())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     rows.iter()
         .map(|r| {
             Ok(ActionView {
@@ -1437,7 +1463,8 @@ pub async fn gauges(
     let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
     let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
     let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
-    let rows = sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
         r#"
         WITH cfg AS (
             SELECT * FROM unnest($1::text[], $2::float8[], $3::bool[]) AS c(job_name, stale_secs, hold)
@@ -1467,8 +1494,9 @@ pub async fn gauges(
     .bind(&stale)
     .bind(&holds)
     .bind(clock.bind())
-    .fetch_all(pool)
+    .fetch_all(stmt.conn())
     .await?;
+    stmt.done().await?;
     rows.iter()
         .map(|r| {
             let name: String = r.try_get("job_name")?;
@@ -1507,11 +1535,11 @@ pub async fn delete_preflight_run(pool: &PgPool, key: &JobKey) -> Result<u64, Qu
         )));
     }
     let mut tx = pool.begin().await?;
-    sqlx::query("DELETE FROM batch_job_attempt WHERE job_key = $1")
+    crate::db::query("DELETE FROM batch_job_attempt WHERE job_key = $1")
         .bind(key.as_str())
         .execute(&mut *tx)
         .await?;
-    let n = sqlx::query("DELETE FROM batch_job_run WHERE job_key = $1 AND job_name = $2")
+    let n = crate::db::query("DELETE FROM batch_job_run WHERE job_key = $1 AND job_name = $2")
         .bind(key.as_str())
         .bind(PREFLIGHT_JOB)
         .execute(&mut *tx)

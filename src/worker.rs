@@ -39,6 +39,9 @@ pub struct WorkerOptions {
     pub grace: Duration,
     /// Whether to LISTEN for enqueue notifications.
     pub listen: bool,
+    /// Where to LISTEN when not on a connection of the main pool: a direct
+    /// connection when the main pool goes through PgBouncer.
+    pub listen_pool: Option<PgPool>,
 }
 
 impl WorkerOptions {
@@ -49,6 +52,7 @@ impl WorkerOptions {
             poll_interval: Duration::from_secs(2),
             grace: Duration::from_secs(20),
             listen: true,
+            listen_pool: None,
         }
     }
 }
@@ -181,7 +185,8 @@ pub async fn run(
         stopped.clone(),
     ));
     if opts.listen {
-        services.spawn(listen_loop(pool.clone(), wake.clone(), stopped.clone()));
+        let listen_pool = opts.listen_pool.clone().unwrap_or_else(|| pool.clone());
+        services.spawn(listen_loop(listen_pool, wake.clone(), stopped.clone()));
     }
     info!(
         worker_id = %opts.worker_id,

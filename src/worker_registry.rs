@@ -11,7 +11,8 @@ pub async fn register(pool: &PgPool, worker_id: &str, version: &str) -> Result<(
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".into());
-    sqlx::query(
+    let mut stmt = crate::db::statement(pool).await?;
+    crate::db::query(
         "INSERT INTO batch_worker (worker_id, host, pid, version, started_at, last_seen) \
          VALUES ($1, left($2, 255), $3, left($4, 64), now(), now()) \
          ON CONFLICT (worker_id) DO UPDATE \
@@ -22,18 +23,20 @@ pub async fn register(pool: &PgPool, worker_id: &str, version: &str) -> Result<(
     .bind(host)
     .bind(std::process::id() as i32)
     .bind(version)
-    .execute(pool)
+    .execute(stmt.conn())
     .await?;
-    Ok(())
+    stmt.done().await
 }
 
 /// Refreshes `last_seen`; re-registers if an operator removed the row.
 pub async fn touch(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), sqlx::Error> {
-    let n = sqlx::query("UPDATE batch_worker SET last_seen = now() WHERE worker_id = $1")
+    let mut stmt = crate::db::statement(pool).await?;
+    let n = crate::db::query("UPDATE batch_worker SET last_seen = now() WHERE worker_id = $1")
         .bind(worker_id)
-        .execute(pool)
+        .execute(stmt.conn())
         .await?
         .rows_affected();
+    stmt.done().await?;
     if n == 0 {
         register(pool, worker_id, version).await?;
     }
@@ -42,9 +45,10 @@ pub async fn touch(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), 
 
 /// Removes a stopped worker.
 pub async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM batch_worker WHERE worker_id = $1")
+    let mut stmt = crate::db::statement(pool).await?;
+    crate::db::query("DELETE FROM batch_worker WHERE worker_id = $1")
         .bind(worker_id)
-        .execute(pool)
+        .execute(stmt.conn())
         .await?;
-    Ok(())
+    stmt.done().await
 }

@@ -184,7 +184,7 @@ async fn upsert_chunk(ctx: &JobContext, levels: &[StockLevel]) -> Result<(), Job
     let qty: Vec<i64> = levels.iter().map(|l| l.quantity).collect();
     let ver: Vec<i64> = levels.iter().map(|l| l.version).collect();
     let mut tx = ctx.fenced().await?;
-    let changed = sqlx::query(UPSERT)
+    let changed = batchonce::db::query(UPSERT)
         .bind(&skus)
         .bind(&qty)
         .bind(&ver)
@@ -225,14 +225,16 @@ async fn sync_table(ctx: &JobContext) -> Result<Outcome, JobError> {
             return Err(JobError::Cancelled);
         }
         // Read the chunk in SKU order (keyset paging), then upsert it fenced.
-        let rows = sqlx::query(
+        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+        let rows = batchonce::db::query(
             "SELECT sku, quantity, source_version FROM inventory_source \
              WHERE sku > $1 ORDER BY sku LIMIT $2",
         )
         .bind(&after)
         .bind(chunk)
-        .fetch_all(ctx.pool())
+        .fetch_all(stmt.conn())
         .await?;
+        stmt.done().await?;
         let levels: Vec<StockLevel> = rows
             .iter()
             .map(|r| {
@@ -278,7 +280,7 @@ impl JobDemo for InventorySync {
         _config: &JobConfig,
         _dates: &[NaiveDate],
     ) -> Result<String, sqlx::Error> {
-        sqlx::query(
+        batchonce::db::query(
             "INSERT INTO inventory_source (sku, quantity, source_version) \
              SELECT 'SKU-' || lpad(g::text, 5, '0'), (g * 37) % 500, 1000 + g FROM generate_series(1, $1) g",
         )
@@ -287,7 +289,7 @@ impl JobDemo for InventorySync {
         .await?;
         // A fresher level than the source already synced for a few SKUs: a
         // run must leave them alone.
-        sqlx::query(
+        batchonce::db::query(
             "INSERT INTO inventory_level (sku, quantity, source_version, synced_at, job_key, lease_token) \
              SELECT sku, 1, source_version + 1, now(), 'seeded', 0 FROM inventory_source \
              WHERE sku <= 'SKU-00010'",
@@ -308,10 +310,11 @@ impl JobDemo for InventorySync {
     ) -> Result<Verification, sqlx::Error> {
         let mut v = verify(pool).await?;
         // The seeded newer levels must have survived every run.
-        let kept: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM inventory_level WHERE job_key = 'seeded'")
-                .fetch_one(pool)
-                .await?;
+        let kept: i64 = batchonce::db::query_scalar(
+            "SELECT count(*) FROM inventory_level WHERE job_key = 'seeded'",
+        )
+        .fetch_one(pool)
+        .await?;
         v.ok &= kept == 10;
         v.detail
             .push_str(&format!("; newer levels kept {kept} of 10"));
@@ -323,7 +326,7 @@ impl JobDemo for InventorySync {
 /// least at the source's version, and equal to the source where the version
 /// is the same.
 pub async fn verify(pool: &PgPool) -> Result<Verification, sqlx::Error> {
-    let row = sqlx::query(
+    let row = batchonce::db::query(
         r#"
         SELECT
           (SELECT count(*) FROM inventory_source) AS skus,

@@ -55,14 +55,16 @@ impl Job for DailySettlement {
         let (start, end) = day_bounds(ctx.business_date, ctx.config.timezone);
         // Bad source data fails the run at once: retrying cannot fix it, and
         // settling a negative amount would move money the wrong way.
-        let negative: Option<i64> = sqlx::query_scalar(
+        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+        let negative: Option<i64> = batchonce::db::query_scalar(
             "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
              ORDER BY order_id LIMIT 1",
         )
         .bind(start)
         .bind(end)
-        .fetch_optional(ctx.pool())
+        .fetch_optional(stmt.conn())
         .await?;
+        stmt.done().await?;
         if let Some(id) = negative {
             return Err(JobError::Fatal(format!(
                 "order {id} has a negative amount; fix the source, then `batchonce runs rerun`"
@@ -82,7 +84,7 @@ impl Job for DailySettlement {
             let mut tx = ctx.fenced().await?;
             // One round trip per chunk: read the next orders by key, insert
             // the missing items, and report how far the chunk reached.
-            let row = sqlx::query(
+            let row = batchonce::db::query(
                 r#"
                 WITH chunk AS (
                     SELECT order_id, merchant_id, amount_minor
@@ -125,7 +127,7 @@ impl Job for DailySettlement {
             return Err(JobError::Cancelled);
         }
         let mut tx = ctx.fenced().await?;
-        sqlx::query(
+        batchonce::db::query(
             r#"
             INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
             SELECT business_date, merchant_id, count(*), sum(amount_minor)
@@ -162,12 +164,13 @@ impl JobDemo for DailySettlement {
         }
         for d in days {
             let (start, end) = day_bounds(d, config.timezone);
-            let next_id: i64 = sqlx::query_scalar("SELECT coalesce(max(order_id), 0) FROM orders")
-                .fetch_one(pool)
-                .await?;
+            let next_id: i64 =
+                batchonce::db::query_scalar("SELECT coalesce(max(order_id), 0) FROM orders")
+                    .fetch_one(pool)
+                    .await?;
             // Spread evenly over the local day, starting exactly at local
             // midnight, so the time-zone boundary is exercised.
-            let n = sqlx::query(
+            let n = batchonce::db::query(
                 r#"
                 INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at)
                 SELECT $1 + g, 1 + (g * 7919) % 12, 1000 + (g * 104729) % 99000,
@@ -205,7 +208,7 @@ impl JobDemo for DailySettlement {
 /// duplicates, items from the wrong date, and the summary totals.
 pub async fn verify(pool: &PgPool, tz: Tz, date: NaiveDate) -> Result<Verification, sqlx::Error> {
     let (start, end) = day_bounds(date, tz);
-    let row = sqlx::query(
+    let row = batchonce::db::query(
         r#"
         SELECT
           (SELECT count(*) FROM orders WHERE paid_at >= $2 AND paid_at < $3) AS src_n,

@@ -221,13 +221,15 @@ impl Job for NotificationSend {
             )));
         }
         let transient = send_pending(ctx, sender.as_ref()).await?;
-        let (failed, total): (i64, i64) = sqlx::query_as(
+        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+        let (failed, total): (i64, i64) = batchonce::db::query_as(
             "SELECT count(*) FILTER (WHERE state = 'failed'), count(*) \
              FROM notification_delivery WHERE business_date = $1",
         )
         .bind(ctx.business_date)
-        .fetch_one(ctx.pool())
+        .fetch_one(stmt.conn())
         .await?;
+        stmt.done().await?;
         if let Some(max) = ctx.config.max_item_failures {
             if failed as u64 > max {
                 return Err(JobError::Fatal(format!(
@@ -258,7 +260,7 @@ async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
             return Err(JobError::Cancelled);
         }
         let mut tx = ctx.fenced().await?;
-        let row = sqlx::query(&format!(
+        let row = batchonce::db::query(&format!(
             r#"
             WITH chunk AS (
                 SELECT request_id, business_date, campaign, customer_id, channel, address, body
@@ -344,7 +346,8 @@ async fn send_pending(
         if ctx.is_cancelled() {
             return Err(JobError::Cancelled);
         }
-        let rows = sqlx::query(
+        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+        let rows = batchonce::db::query(
             "SELECT delivery_id, idempotency_key, campaign, customer_id, channel, address, body \
              FROM notification_delivery \
              WHERE business_date = $1 AND state = 'pending' AND delivery_id > $2 \
@@ -353,8 +356,9 @@ async fn send_pending(
         .bind(ctx.business_date)
         .bind(after)
         .bind(chunk)
-        .fetch_all(ctx.pool())
+        .fetch_all(stmt.conn())
         .await?;
+        stmt.done().await?;
         if rows.is_empty() {
             return Ok(transient);
         }
@@ -427,7 +431,7 @@ async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
     let message_ids: Vec<Option<String>> = results.iter().map(|r| r.message_id.clone()).collect();
     let errors: Vec<Option<String>> = results.iter().map(|r| r.error.clone()).collect();
     let mut tx = ctx.fenced().await?;
-    let marked: Vec<String> = sqlx::query_scalar(
+    let marked: Vec<String> = batchonce::db::query_scalar(
         r#"
         UPDATE notification_delivery d
         SET state = u.state,
@@ -492,7 +496,7 @@ impl JobDemo for NotificationSend {
         dates: &[NaiveDate],
     ) -> Result<String, sqlx::Error> {
         for d in dates {
-            sqlx::query(
+            batchonce::db::query(
                 r#"
                 INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body)
                 SELECT $1, 'daily-digest', g,
@@ -509,7 +513,7 @@ impl JobDemo for NotificationSend {
             .execute(pool)
             .await?;
             // The same notification requested twice: it must go out once.
-            sqlx::query(
+            batchonce::db::query(
                 "INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body) \
                  SELECT business_date, campaign, customer_id, channel, address, body \
                  FROM notification_request WHERE business_date = $1 AND customer_id = 5",
@@ -547,7 +551,7 @@ pub async fn verify(
     date: NaiveDate,
     outbox: Option<&std::path::Path>,
 ) -> Result<Verification, sqlx::Error> {
-    let row = sqlx::query(
+    let row = batchonce::db::query(
         r#"
         SELECT
           (SELECT count(*) FROM (SELECT DISTINCT campaign, customer_id, channel

@@ -1,0 +1,391 @@
+//! The settlement workload through PgBouncer in transaction pooling mode
+//! (Debian's `pgbouncer`, which `.ci/run` installs): the producer's enqueue
+//! and two worker processes reach PostgreSQL only through a pool of three
+//! server connections that every transaction shares, with `--pgbouncer`;
+//! one worker LISTENs on a direct `--listen-url`, the other polls. Every run
+//! must succeed with every order settled once, exactly as without a pooler.
+//! Without `--pgbouncer` the worker cannot even connect (its session setting
+//! is refused), and the commands that need a session refuse the flag.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use batchonce::testing::TestDb;
+use batchonce_workers::settlement;
+use chrono::{Days, NaiveDate};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::Row;
+
+const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+const DATES: u64 = 3;
+const ORDERS: i64 = 400;
+
+/// The installed `pgbouncer`, or `None` (a local run without it skips; CI
+/// must have it).
+fn pgbouncer() -> Option<PathBuf> {
+    let found = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "pgbouncer is missing in CI: .ci/run must install Debian's pgbouncer package"
+        );
+        eprintln!("skipped: pgbouncer not installed (apt-get install -y pgbouncer)");
+    }
+    found
+}
+
+/// A PgBouncer process in front of one test database.
+struct Bouncer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Bouncer {
+    /// Starts PgBouncer with `pool_mode = transaction` and three server
+    /// connections for the test database `db_url`.
+    fn start(bin: &Path, db_url: &str, dir: &Path) -> Self {
+        let opts = PgConnectOptions::from_str(db_url).unwrap();
+        let host = match opts.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => opts.get_host().to_owned(),
+        };
+        let database = opts.get_database().unwrap_or("postgres").to_owned();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        std::fs::write(
+            dir.join("userlist.txt"),
+            format!("\"{}\" \"\"\n", opts.get_username()),
+        )
+        .unwrap();
+        // sqlx sends extra_float_digits at startup, which PgBouncer does not
+        // track: it must be ignored. `options` is deliberately not ignored,
+        // so a client that sends session settings is refused, not silently
+        // stripped of them.
+        let ini = format!(
+            "[databases]\nbench = host={host} port={} dbname={database} user={}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = transaction\n\
+             default_pool_size = 3\nmax_client_conn = 200\nignore_startup_parameters = extra_float_digits\n\
+             idle_transaction_timeout = 10\nadmin_users = {}\nlogfile = {dir}/pgbouncer.log\n",
+            opts.get_port(),
+            opts.get_username(),
+            opts.get_username(),
+            dir = dir.display()
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
+        // PgBouncer refuses to run as root; the private test cluster runs as
+        // `postgres` for the same reason.
+        let root = nix::unistd::Uid::effective().is_root();
+        let mut cmd = if root {
+            let user = nix::unistd::User::from_name("postgres").unwrap().unwrap();
+            nix::unistd::chown(dir, Some(user.uid), Some(user.gid)).unwrap();
+            for f in ["userlist.txt", "pgbouncer.ini"] {
+                nix::unistd::chown(&dir.join(f), Some(user.uid), Some(user.gid)).unwrap();
+            }
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let child = cmd
+            .arg(dir.join("pgbouncer.ini"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let bouncer = Self {
+            child,
+            port,
+            dir: dir.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer did not listen: {}",
+                std::fs::read_to_string(dir.join("pgbouncer.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bouncer
+    }
+
+    fn url(&self, user: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/bench", self.port)
+    }
+}
+
+fn command(url: &str, config: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DATABASE_URL", url)
+        .env_remove("BATCHONCE_CONFIG")
+        .env_remove("BATCHONCE_PGBOUNCER")
+        .env_remove("BATCHONCE_LISTEN_URL")
+        .env("RUST_LOG", "info")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs a command that must fail with one error line containing `want`.
+fn refused(url: &str, config: &Path, args: &[&str], want: &str) {
+    let out = command(url, config, args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+}
+
+fn stop(mut child: Child) {
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a worker did not stop within 15s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
+    let Some(bin) = pgbouncer() else { return };
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), "pgbouncer");
+    let bouncer = Bouncer::start(&bin, &db.url, &dir);
+    let user = PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .get_username()
+        .to_owned();
+    let via = bouncer.url(&user);
+    let config = dir.join("batchonce.toml");
+    std::fs::write(
+        &config,
+        "[jobs.daily-settlement]\ntimezone = \"Asia/Seoul\"\nlease_ttl = \"3s\"\nchunk_size = 25\n\
+         chunk_pause = \"5ms\"\nbackoff = \"200ms\"\nbackoff_max = \"1s\"\n\
+         [jobs.inventory-sync]\nenabled = false\n",
+    )
+    .unwrap();
+    let first = NaiveDate::from_ymd_opt(2026, 9, 1).unwrap();
+    let dates: Vec<NaiveDate> = (0..DATES)
+        .map(|i| first.checked_add_days(Days::new(i)).unwrap())
+        .collect();
+    for (i, d) in dates.iter().enumerate() {
+        let (start, end) = settlement::day_bounds(*d, chrono_tz::Asia::Seoul);
+        sqlx::query(
+            "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
+             SELECT $1 + g, 1 + g % 13, 100 + (g * 7919) % 100000, $2 + ($3 - $2) * ((g - 1)::float8 / $4) \
+             FROM generate_series(1, $4) g",
+        )
+        .bind(i as i64 * 1_000_000)
+        .bind(start)
+        .bind(end)
+        .bind(ORDERS)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    // The commands that need a session of their own refuse the flag, and a
+    // worker that would LISTEN through the pooler is refused too.
+    refused(
+        &via,
+        &config,
+        &["--pgbouncer", "migrate"],
+        "needs a direct connection",
+    );
+    refused(
+        &via,
+        &config,
+        &["--pgbouncer", "worker", "--metrics-addr", "127.0.0.1:0"],
+        "--listen-url",
+    );
+
+    // The producer's enqueue, through the pooler.
+    let (from, to) = (dates[0].to_string(), dates[dates.len() - 1].to_string());
+    let out = command(
+        &via,
+        &config,
+        &[
+            "--pgbouncer",
+            "enqueue",
+            "daily-settlement",
+            "--from",
+            &from,
+            "--to",
+            &to,
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("enqueued")
+            .count(),
+        DATES as usize
+    );
+
+    // Two workers of four handlers each share three server connections.
+    let spawn = |i: usize, extra: &[&str]| {
+        let log = std::fs::File::create(dir.join(format!("w{i}.log"))).unwrap();
+        command(
+            &via,
+            &config,
+            &[
+                "--pgbouncer",
+                "--log-format",
+                "json",
+                "worker",
+                "--worker-id",
+                &format!("w{i}"),
+            ],
+        )
+        .args([
+            "--concurrency",
+            "4",
+            "--poll-interval",
+            "200ms",
+            "--grace",
+            "5s",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+    };
+    let w0 = spawn(0, &["--listen-url", &db.url]);
+    let w1 = spawn(1, &["--no-listen"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM batch_job_run WHERE status <> 'SUCCEEDED'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            let runs: Vec<(String, String, Option<String>)> = sqlx::query_as(
+                "SELECT job_key, status, error_message FROM batch_job_run ORDER BY 1",
+            )
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+            panic!(
+                "runs did not succeed through pgbouncer: {runs:?}\nw0: {}\nw1: {}",
+                std::fs::read_to_string(dir.join("w0.log")).unwrap_or_default(),
+                std::fs::read_to_string(dir.join("w1.log")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop(w0);
+    stop(w1);
+
+    for d in &dates {
+        let v = settlement::verify(&db.pool, chrono_tz::Asia::Seoul, *d)
+            .await
+            .unwrap();
+        assert!(v.ok, "{d}: {}", v.detail);
+        assert_eq!(v.items, ORDERS, "{d}");
+    }
+    // Every item carries the token of an attempt of its own run, written
+    // while that attempt was open, and no lease was lost on the way.
+    let foreign: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM settlement_item i WHERE NOT EXISTS ( \
+           SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
+           AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
+           AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(foreign, 0);
+    let lost: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM batch_job_attempt WHERE outcome IS DISTINCT FROM 'succeeded'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(lost, 0, "every attempt succeeded at once");
+    for i in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("w{i}.log"))).unwrap();
+        assert!(log.contains("\"connection budget\""), "w{i}: {log}");
+        assert!(
+            !log.contains("prepared statement"),
+            "w{i} hit a prepared-statement error: {log}"
+        );
+    }
+
+    // PgBouncer really carried the work: its admin console (simple protocol
+    // only) counts the transactions it passed on to the server.
+    let admin = sqlx::PgPool::connect(&format!(
+        "postgres://{user}@127.0.0.1:{}/pgbouncer",
+        bouncer.port
+    ))
+    .await
+    .unwrap();
+    let stats = sqlx::raw_sql("SHOW STATS").fetch_all(&admin).await.unwrap();
+    // The simple protocol returns text; PgBouncer declares its counters as
+    // numeric, which is read here as the text it is.
+    let text = |r: &sqlx::postgres::PgRow, c: &str| -> String {
+        r.try_get_unchecked::<String, _>(c).unwrap_or_default()
+    };
+    let xacts: i64 = stats
+        .iter()
+        .filter(|r| text(r, "database") == "bench")
+        .map(|r| text(r, "total_xact_count").parse::<i64>().unwrap_or(0))
+        .sum();
+    assert!(xacts > 100, "pgbouncer passed on only {xacts} transactions");
+    admin.close().await;
+
+    // Without --pgbouncer the worker's session setting is refused at once.
+    let log = std::fs::File::create(dir.join("plain.log")).unwrap();
+    let plain = command(
+        &via,
+        &config,
+        &["--log-format", "json", "worker", "--no-listen"],
+    )
+    .args(["--metrics-addr", "127.0.0.1:0", "--poll-interval", "200ms"])
+    .stdout(Stdio::null())
+    .stderr(log)
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop(plain);
+    let log = std::fs::read_to_string(dir.join("plain.log")).unwrap();
+    assert!(log.contains("unsupported startup parameter"), "{log}");
+    let _ = std::fs::remove_dir_all(&bouncer.dir);
+}
