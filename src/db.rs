@@ -146,13 +146,25 @@ where
     sqlx::query_scalar(sql).persistent(!transaction_pooler())
 }
 
-/// Parses a URL into connect options tagged with `application_name`.
-pub fn options(url: &str, application_name: &str) -> Result<PgConnectOptions, DbError> {
-    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
+/// Parses a PostgreSQL URL. sqlx reads any URL-shaped text and would start a
+/// lazy pool on `foo:bar`, so the scheme is checked here.
+fn parse_url(url: &str) -> Result<PgConnectOptions, DbError> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    if !matches!(scheme, Some("postgres" | "postgresql")) {
+        return Err(DbError::Url {
+            url: redact(url),
+            message: "expected postgres://… or postgresql://…".into(),
+        });
+    }
+    PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
         url: redact(url),
         message: sanitize(&e.to_string(), url),
-    })?;
-    let opts = opts.application_name(application_name);
+    })
+}
+
+/// Parses a URL into connect options tagged with `application_name`.
+pub fn options(url: &str, application_name: &str) -> Result<PgConnectOptions, DbError> {
+    let opts = parse_url(url)?.application_name(application_name);
     // Named prepared statements live on one server connection, and a
     // transaction pooler moves the client between them: keep none.
     Ok(if transaction_pooler() {
@@ -207,14 +219,10 @@ pub fn connect_worker(
 /// [`set_transaction_pooler`] says: for the LISTEN session, which needs a
 /// session of its own.
 pub fn connect_direct_lazy(url: &str, application_name: &str, max: u32) -> Result<PgPool, DbError> {
-    let opts = PgConnectOptions::from_str(url).map_err(|e| DbError::Url {
-        url: redact(url),
-        message: sanitize(&e.to_string(), url),
-    })?;
     Ok(PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.application_name(application_name)))
+        .connect_lazy_with(parse_url(url)?.application_name(application_name)))
 }
 
 /// Versions of the engine's and job kinds' migrations not yet applied.
@@ -303,6 +311,21 @@ mod tests {
             !q.contains("s3cret") && q.contains("sslmode=require"),
             "{q}"
         );
+    }
+
+    #[test]
+    fn only_postgres_urls_are_taken() {
+        for bad in [
+            "daily-settlement:2026-09-15' OR '1'='1",
+            "foo:bar",
+            "mysql://h/db",
+            "",
+        ] {
+            let err = options(bad, "t").unwrap_err().to_string();
+            assert!(err.starts_with("invalid database URL"), "{bad}: {err}");
+        }
+        assert!(options("postgresql://u@h:5432/db", "t").is_ok());
+        assert!(options("postgres:///db?host=/tmp", "t").is_ok());
     }
 
     #[test]

@@ -269,6 +269,7 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
             9 => vec!["produce", "--once", "--now", &s],
             10 => vec!["runs", "list", "--status", &s],
             11 => vec!["worker", "--worker-id", &id],
+            12 => vec!["worker", "--listen-url", &s],
             13 => vec!["exporter", "--interval", &dur],
             14 => vec!["produce", "--interval", &dur],
             15 => vec!["preflight", "--processes", &num],

@@ -159,7 +159,22 @@ fn refused(url: &str, config: &Path, args: &[&str], want: &str) {
     assert!(err.contains(want), "{args:?}: {err}");
 }
 
-fn stop(mut child: Child) {
+/// A worker process that is stopped when the test ends, even by a panic.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn stop(mut running: Running) {
+    let Some(mut child) = running.0.take() else {
+        return;
+    };
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(15);
     while child.try_wait().unwrap().is_none() {
@@ -282,6 +297,7 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
+        .map(|c| Running(Some(c)))
         .unwrap()
     };
     let w0 = spawn(0, &["--listen-url", &db.url]);
@@ -382,6 +398,7 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
     .stdout(Stdio::null())
     .stderr(log)
     .spawn()
+    .map(|c| Running(Some(c)))
     .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop(plain);
