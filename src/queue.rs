@@ -453,6 +453,11 @@ impl std::fmt::Debug for FencedTx {
     }
 }
 
+/// The shortest idle time a fenced transaction is given between two of its
+/// statements before the server ends it: twice the run's lease, but never
+/// less than this, so a handler that works between statements is not cut off.
+pub const MIN_FENCED_IDLE: Duration = Duration::from_secs(10);
+
 /// Opens a fenced transaction, or fails with [`QueueError::LeaseLost`].
 pub async fn begin_fenced(
     pool: &PgPool,
@@ -461,6 +466,18 @@ pub async fn begin_fenced(
     clock: Clock,
 ) -> Result<FencedTx, QueueError> {
     let mut tx = pool.begin().await?;
+    // The run row stays locked until this transaction ends, and lease
+    // recovery skips locked rows, so a holder that stops mid-chunk (SIGSTOP,
+    // a cut network) must not keep it open for long. The session-wide
+    // timeout of `db::connect_worker` follows the largest lease of all the
+    // kinds a worker runs (60 s beside the default kinds even for a 2 s
+    // lease) and cannot be sent through PgBouncer at all; this one follows
+    // this run's own lease and lasts for this transaction only.
+    let idle = (lease_ttl * 2).max(MIN_FENCED_IDLE);
+    crate::db::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
+        .bind(format!("{}ms", idle.as_millis()))
+        .execute(&mut *tx)
+        .await?;
     // FOR NO KEY UPDATE rather than FOR SHARE: this transaction updates the
     // same row at commit, and upgrading a share lock can deadlock against a
     // takeover that queued in between.

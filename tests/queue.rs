@@ -302,6 +302,36 @@ async fn a_backlog_unknown_to_statistics_is_claimed_from_the_head() {
     assert_eq!(keys, want);
 }
 
+/// A fenced transaction ends itself after twice its run's lease of idleness
+/// (at least `MIN_FENCED_IDLE`), whatever the session's own setting; the
+/// setting is gone once it commits.
+#[tokio::test]
+async fn a_fenced_transaction_carries_its_own_idle_timeout() {
+    let db = TestDb::new(&[]).await;
+    let pool = batchonce::db::connect(&db.url, "one", 1).await.unwrap();
+    queue::enqueue(&pool, &[run(1, 3)], Clock::Db)
+        .await
+        .unwrap();
+    let lease = queue::claim(&pool, "w", &spec(Duration::from_secs(30)), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    let show = "SHOW idle_in_transaction_session_timeout";
+    for (ttl, want) in [
+        (Duration::from_secs(8), "16s"),
+        (Duration::from_secs(1), "10s"),
+    ] {
+        let mut tx = queue::begin_fenced(&pool, &lease.fence(), ttl, Clock::Db)
+            .await
+            .unwrap();
+        let inside: String = sqlx::query_scalar(show).fetch_one(tx.conn()).await.unwrap();
+        assert_eq!(inside, want);
+        tx.commit().await.unwrap();
+        let after: String = sqlx::query_scalar(show).fetch_one(&pool).await.unwrap();
+        assert_eq!(after, "0", "the setting outlived its transaction");
+    }
+}
+
 #[tokio::test]
 async fn a_stale_token_cannot_heartbeat_write_or_finish() {
     let db = TestDb::new(&[]).await;
