@@ -24,6 +24,8 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 fn full() -> bool {
@@ -87,19 +89,7 @@ impl Rig {
         .unwrap();
         let dates = dates(n_dates);
         for (i, d) in dates.iter().enumerate() {
-            let (start, end) = settlement::day_bounds(*d, chrono_tz::Asia::Seoul);
-            sqlx::query(
-                "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
-                 SELECT $1 + g, 1 + g % 13, 100 + (g * 7919) % 100000, $2 + ($3 - $2) * ((g - 1)::float8 / $4) \
-                 FROM generate_series(1, $4) g",
-            )
-            .bind(i as i64 * 1_000_000)
-            .bind(start)
-            .bind(end)
-            .bind(orders)
-            .execute(&pool)
-            .await
-            .unwrap();
+            common::seed_orders(&pool, *d, i as i64 * 1_000_000, orders).await;
         }
         let rig = Self {
             url: url.to_owned(),
@@ -265,14 +255,7 @@ impl Rig {
         assert_eq!(not_succeeded, 0, "{scenario}");
         // Every item carries the token of an attempt of its own run, written
         // while that attempt was open.
-        let foreign = self
-            .count(
-                "SELECT count(*) FROM settlement_item i WHERE NOT EXISTS ( \
-                   SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
-                   AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
-                   AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
-            )
-            .await;
+        let foreign = common::items_outside_their_lease(&self.pool, None).await;
         assert_eq!(
             foreign, 0,
             "{scenario}: items written outside their attempt's lease"

@@ -27,6 +27,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Pid, Uid, User};
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 const ORDERS: i64 = 2000;
@@ -397,22 +399,6 @@ fn write_config(dir: &Path) -> PathBuf {
     path
 }
 
-/// `n` orders paid on the business date in Seoul.
-async fn seed(pool: &PgPool, n: i64) {
-    let (start, end) = settlement::day_bounds(date(), chrono_tz::Asia::Seoul);
-    sqlx::query(
-        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
-         SELECT g, 1 + g % 7, 100 + (g * 7919) % 100000, $1 + ($2 - $1) * ((g - 1)::float8 / $3) \
-         FROM generate_series(1, $3) g",
-    )
-    .bind(start)
-    .bind(end)
-    .bind(n)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
@@ -465,7 +451,7 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
         .output()
         .unwrap();
     assert!(out.status.success(), "migrate: {}", stderr_of(&out));
-    seed(&pool, ORDERS).await;
+    common::seed_orders(&pool, date(), 0, ORDERS).await;
     let out = lab
         .batchonce(
             "pr",
@@ -661,16 +647,7 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     assert_eq!(v.items, ORDERS);
     // Every item of the run carries the token of one of its attempts and
     // was written while that attempt was open.
-    let foreign: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM settlement_item i WHERE i.job_key = $1 AND NOT EXISTS ( \
-           SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
-           AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
-           AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
-    )
-    .bind(KEY)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let foreign = common::items_outside_their_lease(&pool, Some(KEY)).await;
     assert_eq!(foreign, 0, "items written outside their attempt's lease");
     // Nothing under w1's token was written after its attempt ended.
     let late: i64 = sqlx::query_scalar(

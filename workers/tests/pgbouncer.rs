@@ -21,6 +21,8 @@ use nix::unistd::Pid;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Row;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const DATES: u64 = 3;
 const ORDERS: i64 = 400;
@@ -210,19 +212,7 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
         .map(|i| first.checked_add_days(Days::new(i)).unwrap())
         .collect();
     for (i, d) in dates.iter().enumerate() {
-        let (start, end) = settlement::day_bounds(*d, chrono_tz::Asia::Seoul);
-        sqlx::query(
-            "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
-             SELECT $1 + g, 1 + g % 13, 100 + (g * 7919) % 100000, $2 + ($3 - $2) * ((g - 1)::float8 / $4) \
-             FROM generate_series(1, $4) g",
-        )
-        .bind(i as i64 * 1_000_000)
-        .bind(start)
-        .bind(end)
-        .bind(ORDERS)
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        common::seed_orders(&db.pool, *d, i as i64 * 1_000_000, ORDERS).await;
     }
 
     // The commands that need a session of their own refuse the flag, and a
@@ -339,16 +329,7 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
     }
     // Every item carries the token of an attempt of its own run, written
     // while that attempt was open, and no lease was lost on the way.
-    let foreign: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM settlement_item i WHERE NOT EXISTS ( \
-           SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
-           AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
-           AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(foreign, 0);
+    assert_eq!(common::items_outside_their_lease(&db.pool, None).await, 0);
     let lost: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM batch_job_attempt WHERE outcome IS DISTINCT FROM 'succeeded'",
     )

@@ -1,12 +1,19 @@
-//! Helpers shared by the process tests of several files.
+//! Helpers shared by the process tests of several files. Not every file
+//! that includes this module uses every helper, hence the `dead_code`
+//! allowances.
 
 use std::path::Path;
 use std::process::Command;
+
+use batchonce_workers::settlement;
+use chrono::NaiveDate;
+use sqlx::PgPool;
 
 /// Runs `bin --config <a file holding text> args` against a database that
 /// cannot be reached (the config must be refused before any connection)
 /// and checks the contract: exit 1, one error line, naming `want`. Returns
 /// the error text for further checks.
+#[allow(dead_code)]
 pub fn config_refused(bin: &str, dir: &Path, text: &str, args: &[&str], want: &str) -> String {
     let cfg = dir.join("bad.toml");
     std::fs::write(&cfg, text).unwrap();
@@ -22,4 +29,42 @@ pub fn config_refused(bin: &str, dir: &Path, text: &str, args: &[&str], want: &s
     assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
     assert!(err.contains(want), "{text}: {err}");
     err
+}
+
+/// Seeds `n` orders (ids `first_id + 1 ..= first_id + n`, 13 merchants)
+/// paid evenly over `date` in Seoul, the settlement workload of the fault,
+/// PgBouncer and many-hosts tests.
+#[allow(dead_code)]
+pub async fn seed_orders(pool: &PgPool, date: NaiveDate, first_id: i64, n: i64) {
+    let (start, end) = settlement::day_bounds(date, chrono_tz::Asia::Seoul);
+    sqlx::query(
+        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) \
+         SELECT $1 + g, 1 + g % 13, 100 + (g * 7919) % 100000, $2 + ($3 - $2) * ((g - 1)::float8 / $4) \
+         FROM generate_series(1, $4) g",
+    )
+    .bind(first_id)
+    .bind(start)
+    .bind(end)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Settlement items (of run `key`, or of every run) that do not carry the
+/// token of an attempt of their own run, or were written while that attempt
+/// was not open: what no fault may ever produce.
+#[allow(dead_code)]
+pub async fn items_outside_their_lease(pool: &PgPool, key: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM settlement_item i WHERE ($1::text IS NULL OR i.job_key = $1) \
+         AND NOT EXISTS ( \
+           SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
+           AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
+           AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
