@@ -253,33 +253,33 @@ fn words(line: &str) -> Vec<String> {
 #[test]
 fn the_checker_reports_made_up_flags_and_subcommands() {
     // The checker must be able to fail, or its silence below proves nothing.
-    let made_up = command_line_problems(&words("worker --made-up-flag"));
-    assert_eq!(
-        made_up,
-        ["--made-up-flag is not in `batchonce worker --help`"],
-        "a flag that does not exist must be reported"
-    );
-    assert_eq!(
-        command_line_problems(&words("--no-such-global worker")),
-        ["--no-such-global is not in `batchonce --help`"]
-    );
-    assert_eq!(
-        command_line_problems(&words("--config /x wroker")),
-        ["subcommand wroker is not in `batchonce --help`"]
-    );
-    assert_eq!(
-        command_line_problems(&words("worker --grace")),
-        ["--grace has no value"]
-    );
-    assert_eq!(
-        command_line_problems(&words("worker --grace 20 s")),
-        ["`batchonce worker` takes no argument \"s\""]
-    );
-    // --once exists for produce, not for worker.
-    assert_eq!(
-        command_line_problems(&words("worker --once")),
-        ["--once is not in `batchonce worker --help`"]
-    );
+    let refused = [
+        (
+            "worker --made-up-flag",
+            "--made-up-flag is not in `batchonce worker --help`",
+        ),
+        (
+            "--no-such-global worker",
+            "--no-such-global is not in `batchonce --help`",
+        ),
+        (
+            "--config /x wroker",
+            "subcommand wroker is not in `batchonce --help`",
+        ),
+        ("worker --grace", "--grace has no value"),
+        (
+            "worker --grace 20 s",
+            "`batchonce worker` takes no argument \"s\"",
+        ),
+        // --once exists for produce, not for worker.
+        (
+            "worker --once",
+            "--once is not in `batchonce worker --help`",
+        ),
+    ];
+    for (line, want) in refused {
+        assert_eq!(command_line_problems(&words(line)), [want], "{line}");
+    }
     // And it accepts what the binary accepts: global options before or
     // after the subcommand, inline values, flags and positional arguments.
     for ok in [
