@@ -374,10 +374,22 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             let pool = db::connect(require_url(&cli)?, "batchonce-migrate", 2).await?;
             db::migrate(&pool, &registry.migrations()).await?;
             let n = db::combined(&registry.migrations()).iter().count();
+            let (frozen, left) = freeze_legacy_contexts(&pool, &config).await?;
             if cli.json {
-                println!("{}", json!({"migrated": true, "migrations": n}));
+                println!(
+                    "{}",
+                    json!({"migrated": true, "migrations": n,
+                           "contexts_frozen": frozen, "contexts_left": left})
+                );
             } else {
                 println!("migrations applied ({n} known)");
+                if frozen > 0 || left > 0 {
+                    println!(
+                        "runs enqueued by the previous release: froze the context of {frozen} \
+                         from {}; {left} left for the workers that claim them",
+                        config.origin
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -398,7 +410,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             };
             let cfg = config.job(&job).cloned().unwrap_or_default();
             let periods = producer::periods_for_dates(&cfg, &dates).map_err(|e| anyhow!(e))?;
-            let runs = producer::runs_for_periods(&job, &cfg, &periods);
+            let runs = producer::runs_for_periods(&job, &cfg, &periods)?;
             let pool = db::connect(require_url(&cli)?, "batchonce-enqueue", 2).await?;
             let report = queue::enqueue(&pool, &runs, Clock::Db)
                 .await
@@ -450,6 +462,11 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             let clock = now.map(Clock::At).unwrap_or(Clock::Db);
             if *once {
                 let pool = db::connect(url, "batchonce-producer", 2).await?;
+                // One row per host for producers run by a timer, however
+                // many times they run.
+                let id = format!("producer-once-{}", host_name());
+                producer::register(&pool, &config, &id, crate::worker_registry::ONE_SHOT_LIVE)
+                    .await;
                 let report = producer::tick(&pool, &config, clock)
                     .await
                     .context("producer tick failed")?;
@@ -491,7 +508,8 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                 interval_ms = interval.as_millis() as u64,
                 "producer started"
             );
-            producer::run(pool, config, clock, *interval, signals.shutdown.clone()).await;
+            let id = format!("producer-{}", default_worker_id());
+            producer::run(pool, config, clock, *interval, id, signals.shutdown.clone()).await;
             let _ = server.await;
             tracing::info!("producer stopped");
             Ok(ExitCode::SUCCESS)
@@ -609,14 +627,13 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
-            let stale_after: Vec<_> = config
-                .jobs
-                .iter()
-                .map(|(n, c)| (n.clone(), c.stale_after))
-                .collect();
-            let st = queue::status(&pool, &stale_after, Clock::Db).await?;
+            let st =
+                queue::status(&pool, &queue::StaleSpec::from_config(&config), Clock::Db).await?;
+            let drift = crate::worker_registry::config_drift(&pool).await?;
             if cli.json {
-                println!("{}", serde_json::to_string(&st)?);
+                let mut v = serde_json::to_value(&st)?;
+                v["config_drift"] = serde_json::to_value(&drift)?;
+                println!("{v}");
             } else {
                 println!("{:<28} {:<10} {:>8}", "JOB", "STATUS", "RUNS");
                 for c in &st.counts {
@@ -635,6 +652,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                         st.stale.join(", ")
                     }
                 );
+                print_drift(&drift);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -650,21 +668,23 @@ async fn runs_command(
 ) -> anyhow::Result<ExitCode> {
     match command {
         RunsCommand::Stale => {
-            let specs: Vec<queue::StaleSpec> = config
-                .jobs
-                .iter()
-                .map(|(n, c)| queue::StaleSpec {
-                    job: n.clone(),
-                    stale_after: c.stale_after,
-                    lease_ttl: c.lease_ttl,
-                    hold: c.on_lease_expiry == crate::config::LeaseExpiryPolicy::Hold,
-                })
-                .collect();
-            let stale = queue::stale_runs(pool, &specs, Clock::Db).await?;
+            let stale =
+                queue::stale_runs(pool, &queue::StaleSpec::from_config(config), Clock::Db).await?;
+            let drift = crate::worker_registry::config_drift(pool).await?;
             if json_out {
                 println!("{}", serde_json::to_string(&stale)?);
+                // Standard output stays the list scripts read.
+                for d in &drift {
+                    eprintln!(
+                        "batchonce: warning: live processes run {} with {} different configurations (keys: {}); see `batchonce status`",
+                        d.job_name,
+                        distinct_fingerprints(d),
+                        d.keys.join(", ")
+                    );
+                }
                 return Ok(ExitCode::SUCCESS);
             }
+            print_drift(&drift);
             if stale.is_empty() {
                 println!("no stale runs");
             }
@@ -805,6 +825,32 @@ async fn runs_command(
                     "processed:    {} (failed {})",
                     run.processed_count, run.failed_count
                 );
+                match &run.context {
+                    Some(c) => {
+                        println!(
+                            "period:       {} .. {} ({}, {})",
+                            c.period_start.to_rfc3339(),
+                            c.period_end.to_rfc3339(),
+                            c.timezone.name(),
+                            c.covers.as_str()
+                        );
+                        println!(
+                            "policies:     lease {}, stale after {}, on lease expiry {}, chunk {}, backoff {}..{}, {} attempts, item failures {}",
+                            humantime::format_duration(c.lease_ttl),
+                            humantime::format_duration(c.stale_after),
+                            c.on_lease_expiry.as_str(),
+                            c.chunk_size,
+                            humantime::format_duration(c.backoff),
+                            humantime::format_duration(c.backoff_max),
+                            c.attempt_budget,
+                            c.max_item_failures
+                                .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+                        );
+                    }
+                    None => println!(
+                        "period:       not recorded (enqueued by a release before run contexts; the worker that claims it records it)"
+                    ),
+                }
                 println!("enqueued at:  {}", run.enqueued_at.to_rfc3339());
                 println!("next run at:  {}", run.next_run_at.to_rfc3339());
                 match (&run.lease_owner, run.status.as_str()) {
@@ -856,6 +902,63 @@ async fn runs_command(
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn distinct_fingerprints(d: &crate::worker_registry::ConfigDrift) -> usize {
+    let mut f: Vec<&str> = d.processes.iter().map(|p| p.fingerprint.as_str()).collect();
+    f.dedup();
+    f.len()
+}
+
+/// Prints which live processes disagree about which jobs, and on which keys.
+fn print_drift(drift: &[crate::worker_registry::ConfigDrift]) {
+    if drift.is_empty() {
+        println!("configuration drift: none (live processes agree)");
+        return;
+    }
+    for d in drift {
+        println!(
+            "configuration drift: {} is run with {} different configurations; keys that differ: {}",
+            d.job_name,
+            distinct_fingerprints(d),
+            d.keys.join(", ")
+        );
+        for p in &d.processes {
+            println!(
+                "  {}  {} {} on {}",
+                p.fingerprint, p.role, p.process_id, p.host
+            );
+        }
+    }
+}
+
+/// Freezes, from `config`, the context of every live run the previous
+/// release enqueued without one (docs/upgrading.md). Returns how many were
+/// frozen and how many were left (jobs this configuration does not name,
+/// which their workers freeze when they claim them).
+async fn freeze_legacy_contexts(
+    pool: &sqlx::PgPool,
+    config: &Config,
+) -> anyhow::Result<(u64, u64)> {
+    let legacy = queue::context::legacy_runs(pool, i64::MAX).await?;
+    let mut todo = Vec::new();
+    let mut left = 0u64;
+    for run in legacy {
+        let Some(cfg) = config.job(&run.job) else {
+            left += 1;
+            continue;
+        };
+        let period = run.key.as_str().split_once(':').map_or("", |(_, p)| p);
+        match crate::context::RunContext::for_key(cfg, run.business_date, period) {
+            Ok(c) => todo.push((run.key, c)),
+            Err(_) => left += 1,
+        }
+    }
+    let mut frozen = 0;
+    for chunk in todo.chunks(1000) {
+        frozen += queue::context::freeze_legacy(pool, chunk).await?;
+    }
+    Ok((frozen, left))
 }
 
 /// Waits for the database to be reachable (a worker may start before it),
@@ -918,17 +1021,21 @@ fn validate_worker_id(id: &str) -> anyhow::Result<String> {
     Ok(id.to_owned())
 }
 
-fn default_worker_id() -> String {
+/// This host's name as ids use it: at most 40 of letters, digits, `-`,
+/// `_` and `.`.
+fn host_name() -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "host".into());
-    let host: String = host
-        .chars()
+    host.chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         .take(40)
-        .collect();
-    format!("{host}-{}", std::process::id())
+        .collect()
+}
+
+fn default_worker_id() -> String {
+    format!("{}-{}", host_name(), std::process::id())
 }
 
 /// Serves metrics until shutdown; `/readyz` turns ready once the database

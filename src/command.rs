@@ -101,9 +101,18 @@ pub fn environment(ctx: &JobContext, database_url: Option<&str>) -> Vec<(String,
         ("BATCHONCE_ATTEMPT".into(), ctx.attempt.to_string()),
         ("BATCHONCE_LEASE_TOKEN".into(), ctx.lease_token.to_string()),
         ("BATCHONCE_WORKER_ID".into(), ctx.worker_id.clone()),
+        // The run's own context, fixed when it was enqueued.
         (
             "BATCHONCE_TIMEZONE".into(),
-            ctx.config.timezone.name().to_owned(),
+            ctx.run.timezone.name().to_owned(),
+        ),
+        (
+            "BATCHONCE_PERIOD_START".into(),
+            ctx.run.period_start.to_rfc3339(),
+        ),
+        (
+            "BATCHONCE_PERIOD_END".into(),
+            ctx.run.period_end.to_rfc3339(),
         ),
         ("BATCHONCE_PAYLOAD".into(), ctx.payload.to_string()),
     ];

@@ -165,7 +165,7 @@ async fn run_on(
         );
         // Keyed as the producer keys them; the demo ignores skip calendars.
         runs.extend(
-            crate::producer::runs_for_periods(&name, &cfg, &periods)
+            crate::producer::runs_for_periods(&name, &cfg, &periods)?
                 .into_iter()
                 .map(|r| NewRun {
                     skip_reason: None,

@@ -280,12 +280,7 @@ fn relocated(dir: &Path) -> PathBuf {
 /// the same project finds the same relocated cluster with any toolchain.
 fn fnv1a(path: &Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
-    path.as_os_str()
-        .as_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
+    crate::key::fnv1a64(path.as_os_str().as_bytes())
 }
 
 /// A folder under /tmp that root is about to hand to `postgres` must not have

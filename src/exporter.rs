@@ -1,7 +1,8 @@
 //! `batchonce exporter`: publishes the database-derived gauges (runs per job
 //! and status, oldest pending age, stale runs, last success, attempts of the
-//! current run, expired leases) from one process, so they are exported once
-//! rather than by every worker. Database errors are logged and retried.
+//! current run, expired leases, configurations among live processes) from
+//! one process, so they are exported once rather than by every worker.
+//! Database errors are logged and retried.
 
 use std::time::Duration;
 
@@ -10,22 +11,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::clock::Clock;
-use crate::config::{Config, LeaseExpiryPolicy};
+use crate::config::Config;
 use crate::queue::{self, StaleSpec};
 use crate::telemetry;
 
 /// Reads the gauges once and publishes them.
 pub async fn publish_once(pool: &PgPool, config: &Config) -> Result<(), queue::QueueError> {
-    let specs: Vec<StaleSpec> = config
-        .jobs
-        .iter()
-        .map(|(n, c)| StaleSpec {
-            job: n.clone(),
-            stale_after: c.stale_after,
-            lease_ttl: c.lease_ttl,
-            hold: c.on_lease_expiry == LeaseExpiryPolicy::Hold,
-        })
-        .collect();
+    let specs = StaleSpec::from_config(config);
     for (job, g) in queue::gauges(pool, &specs, Clock::Db).await? {
         let job = job.to_string();
         for (status, n) in &g.runs {
@@ -39,6 +31,9 @@ pub async fn publish_once(pool: &PgPool, config: &Config) -> Result<(), queue::Q
         metrics::gauge!(telemetry::CURRENT_ATTEMPTS, "job" => job.clone())
             .set(g.current_attempts as f64);
         metrics::gauge!(telemetry::EXPIRED_LEASES, "job" => job).set(g.expired_leases as f64);
+    }
+    for (job, n) in crate::worker_registry::fingerprint_counts(pool).await? {
+        metrics::gauge!(telemetry::CONFIG_FINGERPRINTS, "job" => job).set(n as f64);
     }
     metrics::gauge!(telemetry::EXPORTER_LAST_SCRAPE)
         .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);

@@ -1,5 +1,6 @@
 //! The job API: what a job kind implements ([`Job`]) and what it receives
-//! ([`JobContext`]): the run's identity, its configuration, fenced
+//! ([`JobContext`]): the run's identity, the context it was enqueued with
+//! (time zone, period, policies), the rest of its configuration, fenced
 //! transactions for every write, progress counters and a cancellation signal.
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::config::JobConfig;
+use crate::context::RunContext;
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, Fence, FencedTx, QueueError};
 use crate::schedule::Period;
@@ -164,6 +166,13 @@ pub struct JobContext {
     pub attempt: i32,
     pub lease_token: i64,
     pub worker_id: String,
+    /// What defines the run, stored when it was enqueued: read the time
+    /// zone, the period's instants and the policies from here, never from
+    /// a configuration file (they may differ between processes).
+    pub run: RunContext,
+    /// The job's configuration, with every value the run defines replaced
+    /// by the run's (so `config.timezone == run.timezone`); the rest (kind
+    /// options, `chunk_pause`, a command's program) is this worker's.
     pub config: JobConfig,
     pub payload: serde_json::Value,
     pool: PgPool,
@@ -175,11 +184,14 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// `config` is the worker's configuration of the job; the run's context
+    /// overrides what it defines.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         lease: &queue::Lease,
+        run: RunContext,
         worker_id: &str,
-        config: JobConfig,
+        config: &JobConfig,
         pool: PgPool,
         cancel: CancellationToken,
         progress: Arc<Progress>,
@@ -192,7 +204,8 @@ impl JobContext {
             attempt: lease.attempt,
             lease_token: lease.token,
             worker_id: worker_id.to_owned(),
-            config,
+            config: run.apply_to(config),
+            run,
             payload: lease.payload.clone(),
             pool,
             cancel,
@@ -226,7 +239,7 @@ impl JobContext {
             key: self.key.clone(),
             token: self.lease_token,
         };
-        Ok(queue::begin_fenced(&self.pool, &fence, self.config.lease_ttl, self.clock).await?)
+        Ok(queue::begin_fenced(&self.pool, &fence, self.run.lease_ttl, self.clock).await?)
     }
 
     /// Commits a fenced transaction and adds its counts to this attempt.

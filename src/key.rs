@@ -35,6 +35,15 @@ pub fn shown(s: &str) -> String {
     }
 }
 
+/// FNV-1a (64 bits) of some bytes: a short hash that is the same on every
+/// machine and with every Rust release (std's hasher is neither), for names
+/// derived from paths and for values recorded without being shown.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The business dates accepted: wide enough for any backfill or plan,
 /// narrow enough that time-zone and interval arithmetic never overflows.
 pub fn date_range() -> (NaiveDate, NaiveDate) {

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod command;
 pub mod config;
+pub mod context;
 pub mod db;
 mod demo;
 pub mod embedded;

@@ -171,13 +171,23 @@ pub async fn race(url: &str, key: &str, start_at_ms: i64) -> anyhow::Result<()> 
     if wait > 0 {
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
     }
+    let business_date = Utc::now().date_naive();
+    let cfg = crate::config::JobConfig {
+        max_attempts: 1,
+        lease_ttl: Duration::from_secs(60),
+        ..Default::default()
+    };
     let run = NewRun {
         key: key.clone(),
         job: job.clone(),
-        business_date: Utc::now().date_naive(),
+        business_date,
         max_attempts: 1,
         payload: json!({}),
         skip_reason: None,
+        context: crate::context::RunContext::new(
+            &cfg,
+            &crate::schedule::Period::day(business_date),
+        )?,
     };
     let report = queue::enqueue(&pool, &[run], Clock::Db).await?;
     let spec = [ClaimSpec {

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::{Config, JobConfig};
+use crate::context::{PeriodError, RunContext};
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, NewRun, QueueError};
 use crate::schedule::{self, Covers, Period};
@@ -25,18 +26,27 @@ pub const MAX_PERIODS_PER_TICK: usize = 20_000;
 /// Most days one `enqueue --from --to` may cover.
 pub const MAX_BACKFILL_DAYS: i64 = 366;
 
-/// The runs for these periods: calendar-skipped periods become SKIPPED runs.
-pub fn runs_for_periods(job: &JobName, cfg: &JobConfig, periods: &[Period]) -> Vec<NewRun> {
+/// The runs for these periods, each with the context it is defined by from
+/// now on (time zone, period instants, policies); calendar-skipped periods
+/// become SKIPPED runs.
+pub fn runs_for_periods(
+    job: &JobName,
+    cfg: &JobConfig,
+    periods: &[Period],
+) -> Result<Vec<NewRun>, PeriodError> {
     periods
         .iter()
-        .map(|p| NewRun {
-            // Invariant: a valid job name and a formatted period make a valid key.
-            key: JobKey::parse(&format!("{job}:{}", p.key_part())).expect("valid key"),
-            job: job.clone(),
-            business_date: p.date,
-            max_attempts: cfg.max_attempts,
-            payload: serde_json::json!({}),
-            skip_reason: cfg.skip_reason(p.date),
+        .map(|p| {
+            Ok(NewRun {
+                // Invariant: a valid job name and a formatted period make a valid key.
+                key: JobKey::parse(&format!("{job}:{}", p.key_part())).expect("valid key"),
+                job: job.clone(),
+                business_date: p.date,
+                max_attempts: cfg.max_attempts,
+                payload: serde_json::json!({}),
+                skip_reason: cfg.skip_reason(p.date),
+                context: RunContext::new(cfg, p)?,
+            })
         })
         .collect()
 }
@@ -94,9 +104,16 @@ pub struct JobPlan {
     pub truncated: bool,
 }
 
-/// Every period of `job` whose firing falls in `(now - catch_up, now]`.
-pub fn plan(job: &JobName, cfg: &JobConfig, now: DateTime<Utc>) -> Option<JobPlan> {
-    let sched = cfg.schedule.as_ref().filter(|_| cfg.enabled)?;
+/// Every period of `job` whose firing falls in `(now - catch_up, now]`;
+/// `None` for a job the producer does not schedule.
+pub fn plan(
+    job: &JobName,
+    cfg: &JobConfig,
+    now: DateTime<Utc>,
+) -> Result<Option<JobPlan>, PeriodError> {
+    let Some(sched) = cfg.schedule.as_ref().filter(|_| cfg.enabled) else {
+        return Ok(None);
+    };
     let window = chrono::Duration::from_std(cfg.catch_up).unwrap_or(chrono::Duration::days(1));
     // A zero catch-up still takes the firings of the last 15 minutes, so a
     // producer ticking on its timer never misses the current one.
@@ -112,12 +129,12 @@ pub fn plan(job: &JobName, cfg: &JobConfig, now: DateTime<Utc>) -> Option<JobPla
         .map(|f| schedule::period_of(&f, cfg.timezone, cfg.covers))
         .collect();
     periods.dedup();
-    Some(JobPlan {
+    Ok(Some(JobPlan {
         job: job.clone(),
         window_start,
-        runs: runs_for_periods(job, cfg, &periods),
+        runs: runs_for_periods(job, cfg, &periods)?,
         truncated,
-    })
+    }))
 }
 
 /// One job's share of a tick.
@@ -149,11 +166,12 @@ pub async fn tick(
             now
         }
     };
-    let plans: Vec<JobPlan> = config
-        .jobs
-        .iter()
-        .filter_map(|(name, cfg)| plan(name, cfg, now))
-        .collect();
+    let mut plans = Vec::new();
+    for (name, cfg) in &config.jobs {
+        if let Some(p) = plan(name, cfg, now).map_err(|e| QueueError::Invalid(e.to_string()))? {
+            plans.push(p);
+        }
+    }
     let all: Vec<NewRun> = plans.iter().flat_map(|p| p.runs.iter().cloned()).collect();
     let report = queue::enqueue(pool, &all, clock).await?;
     let enqueued: std::collections::HashSet<&JobKey> = report.enqueued.iter().collect();
@@ -198,16 +216,41 @@ pub fn log_tick(report: &[JobTick]) {
     }
 }
 
+/// Records this producer and the configuration of every job it plans in the
+/// process registry, so operators see when producers disagree. A failure
+/// is logged and never stops the producer: producing is what matters.
+pub async fn register(pool: &PgPool, config: &Config, process_id: &str, live_for: Duration) {
+    let jobs: Vec<(JobName, &JobConfig)> =
+        config.jobs.iter().map(|(n, c)| (n.clone(), c)).collect();
+    if let Err(e) = crate::worker_registry::register_process(
+        pool,
+        process_id,
+        crate::worker_registry::Role::Producer,
+        env!("CARGO_PKG_VERSION"),
+        live_for,
+        &jobs,
+    )
+    .await
+    {
+        warn!(error = %e, "could not record this producer's configuration");
+    }
+}
+
 /// The producer loop: a tick every `interval` until `stop`. Database errors
 /// are logged and retried with backoff; they never end the loop. With a
 /// simulated start (`Clock::At`), simulated time advances with real time.
+/// The process registers as `process_id` and deregisters when it stops.
 pub async fn run(
     pool: PgPool,
     config: Config,
     start: Clock,
     interval: Duration,
+    process_id: String,
     stop: CancellationToken,
 ) {
+    // Back within an interval; a few more before it counts as gone.
+    let live_for = interval * 3 + Duration::from_secs(10);
+    let mut registered = false;
     let began = std::time::Instant::now();
     let mut delay = Duration::from_millis(200);
     loop {
@@ -220,6 +263,19 @@ pub async fn run(
         let wait = match tick(&pool, &config, clock).await {
             Ok(report) => {
                 log_tick(&report);
+                if !registered {
+                    register(&pool, &config, &process_id, live_for).await;
+                    registered = true;
+                } else if let Err(e) = crate::worker_registry::touch(
+                    &pool,
+                    &process_id,
+                    env!("CARGO_PKG_VERSION"),
+                    live_for,
+                )
+                .await
+                {
+                    warn!(error = %e, "could not refresh this producer's registration");
+                }
                 delay = Duration::from_millis(200);
                 interval
             }
@@ -232,7 +288,12 @@ pub async fn run(
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
+        }
+    }
+    if registered {
+        if let Err(e) = crate::worker_registry::deregister(&pool, &process_id).await {
+            warn!(error = %e, "could not deregister this producer");
         }
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! - `<prefix>_migrator`: DDL on the schema; runs `migrate` and `preflight`,
 //!   and owns what it creates, so the default privileges below follow.
-//! - `<prefix>_producer`: inserts runs (`produce`, `enqueue`).
-//! - `<prefix>_worker`: leases, heartbeats, attempts, its registry row, and
+//! - `<prefix>_producer`: inserts runs (`produce`, `enqueue`), and its
+//!   registry row with its configuration.
+//! - `<prefix>_worker`: leases, heartbeats, attempts, its registry row and
+//!   configuration, and
 //!   the job kinds' item tables: select, insert, update, never delete.
 //! - `<prefix>_operator`: the audited `runs fail|rerun|skip`: updates runs
 //!   and attempts, appends to the audit table.
@@ -23,6 +25,7 @@ const ENGINE_TABLES: &[&str] = &[
     "batch_job_run",
     "batch_job_attempt",
     "batch_worker",
+    "batch_process_config",
     "batch_operator_action",
     "_sqlx_migrations",
 ];
@@ -100,8 +103,8 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
         format!("GRANT INSERT ON {s}.batch_job_run TO {p}"),
         format!("GRANT UPDATE ON {s}.batch_job_run, {s}.batch_job_attempt TO {w}, {o}"),
         format!("GRANT INSERT ON {s}.batch_job_attempt TO {w}"),
-        "-- A worker's own registry row, removed when it stops.".to_owned(),
-        format!("GRANT INSERT, UPDATE, DELETE ON {s}.batch_worker TO {w}"),
+        "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
+        format!("GRANT INSERT, UPDATE, DELETE ON {s}.batch_worker, {s}.batch_process_config TO {w}, {p}"),
         format!("GRANT INSERT ON {s}.batch_operator_action TO {o}"),
         "-- The fence for command jobs runs with the caller's privileges.".to_owned(),
         format!("REVOKE EXECUTE ON FUNCTION {s}.batchonce_fence(text, bigint) FROM PUBLIC"),

@@ -33,6 +33,7 @@ pub const LAST_SUCCESS: &str = "batchonce_last_success_timestamp_seconds";
 pub const CURRENT_ATTEMPTS: &str = "batchonce_current_run_attempts";
 pub const EXPIRED_LEASES: &str = "batchonce_expired_leases";
 pub const EXPORTER_LAST_SCRAPE: &str = "batchonce_exporter_last_success_timestamp_seconds";
+pub const CONFIG_FINGERPRINTS: &str = "batchonce_config_fingerprints";
 
 /// Every metric this code exports, for the dashboard test.
 pub const ALL: &[&str] = &[
@@ -55,6 +56,7 @@ pub const ALL: &[&str] = &[
     CURRENT_ATTEMPTS,
     EXPIRED_LEASES,
     EXPORTER_LAST_SCRAPE,
+    CONFIG_FINGERPRINTS,
 ];
 
 fn describe() {
@@ -143,6 +145,11 @@ fn describe() {
         EXPIRED_LEASES,
         Unit::Count,
         "RUNNING runs whose lease has expired (job)."
+    );
+    describe_gauge!(
+        CONFIG_FINGERPRINTS,
+        Unit::Count,
+        "Different configurations of the job among live workers and producers; above 1 they disagree (job)."
     );
     describe_gauge!(
         EXPORTER_LAST_SCRAPE,

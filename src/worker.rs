@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::clock::Clock;
 use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
+use crate::context::RunContext;
 use crate::job::{JobContext, JobError, Outcome, Progress, Registry};
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
@@ -109,7 +110,7 @@ const FINISHING_PER_SLOT: usize = 4;
 struct FinishRequest {
     fence: queue::Fence,
     finish: Finish,
-    reply: oneshot::Sender<Result<queue::RunStatus, QueueError>>,
+    reply: oneshot::Sender<Result<queue::Finished, QueueError>>,
 }
 
 /// Runs a worker until `signals.shutdown` fires and every handler has ended.
@@ -131,7 +132,10 @@ pub async fn run(
             lease_ttl: job_config(&config, n).lease_ttl,
         })
         .collect();
-    let retry_jobs: Vec<JobName> = registry
+    // Recovery follows each run's stored policy; the configuration's serves
+    // only runs the previous release enqueued without one.
+    let jobs: Vec<JobName> = registry.names().cloned().collect();
+    let legacy_retry: Vec<JobName> = registry
         .names()
         .filter(|n| job_config(&config, n).on_lease_expiry == LeaseExpiryPolicy::Retry)
         .cloned()
@@ -156,7 +160,22 @@ pub async fn run(
         )),
         slot_freed: Notify::new(),
     });
-    if let Err(e) = worker_registry::register(&pool, &opts.worker_id, VERSION).await {
+    let served: Vec<(JobName, JobConfig)> = shared
+        .registry
+        .names()
+        .map(|n| (n.clone(), job_config(&shared.config, n)))
+        .collect();
+    let served: Vec<(JobName, &JobConfig)> = served.iter().map(|(n, c)| (n.clone(), c)).collect();
+    if let Err(e) = worker_registry::register_process(
+        &pool,
+        &opts.worker_id,
+        worker_registry::Role::Worker,
+        VERSION,
+        live_for(min_ttl / 3),
+        &served,
+    )
+    .await
+    {
         // The heartbeat loop re-registers once the database answers.
         warn!(error = %e, "could not register the worker yet");
     }
@@ -174,12 +193,13 @@ pub async fn run(
     services.spawn(heartbeat_loop(
         shared.clone(),
         heartbeat_pool,
-        (min_ttl / 3).max(Duration::from_millis(200)),
+        min_ttl,
         stopped.clone(),
     ));
     services.spawn(rescue_loop(
         pool.clone(),
-        retry_jobs,
+        jobs,
+        legacy_retry,
         (min_ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(15)),
         wake.clone(),
         stopped.clone(),
@@ -272,8 +292,54 @@ pub async fn run(
     info!(worker_id = %opts.worker_id, "worker stopped");
 }
 
+/// How long after a sign of life this worker counts as live: a few
+/// heartbeats, so one slow heartbeat does not make it look gone.
+fn live_for(heartbeat_every: Duration) -> Duration {
+    heartbeat_every * 3 + Duration::from_secs(10)
+}
+
 fn job_config(config: &Config, name: &JobName) -> JobConfig {
     config.job(name).cloned().unwrap_or_default()
+}
+
+/// The run's context: stored with the run, or, for a run the previous
+/// release enqueued without one, frozen now from this worker's
+/// configuration (whoever freezes it first decides it for good). On error,
+/// the finish to write instead of running the handler (`None`: release).
+async fn run_context(
+    shared: &Shared,
+    lease: &Lease,
+    cfg: &JobConfig,
+) -> Result<RunContext, Option<Finish>> {
+    if let Some(c) = &lease.context {
+        return Ok(c.clone());
+    }
+    let period = lease.key.as_str().split_once(':').map_or("", |(_, p)| p);
+    let fresh = match RunContext::for_key(cfg, lease.business_date, period) {
+        Ok(c) => c,
+        Err(e) => {
+            return Err(Some(Finish::Fatal {
+                error: format!("the run has no stored context and {e}"),
+            }))
+        }
+    };
+    let mut backoff = Backoff::new();
+    for _ in 0..5 {
+        match queue::context::freeze_held(&shared.pool, &lease.fence(), &fresh).await {
+            Ok(c) => {
+                info!(job_key = %lease.key, timezone = c.timezone.name(),
+                      period_start = %c.period_start, period_end = %c.period_end,
+                      "froze the context of a run enqueued by the previous release");
+                return Ok(c);
+            }
+            Err(QueueError::LeaseLost(_)) => return Err(None),
+            Err(e) => {
+                warn!(job_key = %lease.key, error = %e, "could not freeze the run's context; retrying");
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+    Err(None)
 }
 
 fn log_task_end(done: Result<(), tokio::task::JoinError>) {
@@ -285,12 +351,29 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
 /// One attempt, from claimed lease to finish. `slot` is its execution slot,
 /// given back as soon as the handler has returned.
 async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSemaphorePermit) {
-    let cfg = job_config(&shared.config, &lease.job);
+    let file_cfg = job_config(&shared.config, &lease.job);
     let Some(job) = shared.registry.get(&lease.job).cloned() else {
         // Unreachable: claims name only registered jobs. Release it anyway.
         release(&shared, &lease, AttemptCounts::default()).await;
         return;
     };
+    let run = match run_context(&shared, &lease, &file_cfg).await {
+        Ok(run) => run,
+        Err(finish) => {
+            match finish {
+                Some(f) => {
+                    let lost = CancellationToken::new();
+                    finish_with_retries(&shared, &lease, &f, AttemptCounts::default(), &lost, 0)
+                        .await;
+                }
+                None => release(&shared, &lease, AttemptCounts::default()).await,
+            }
+            return;
+        }
+    };
+    // What the handler and this task act on: the run's policies, the
+    // worker's file only for what the run does not define.
+    let cfg = run.apply_to(&file_cfg);
     let lost = CancellationToken::new();
     let cancel = shared.signals.shutdown.child_token();
     {
@@ -309,8 +392,9 @@ async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSema
     let progress = Arc::new(Progress::default());
     let ctx = JobContext::new(
         &lease,
+        run,
         &shared.opts.worker_id,
-        cfg.clone(),
+        &file_cfg,
         shared.pool.clone(),
         cancel.clone(),
         progress.clone(),
@@ -415,7 +499,13 @@ async fn finish_with_retries(
     let mut backoff = Backoff::new();
     loop {
         match submit_finish(shared, lease, finish).await {
-            Ok(status) => {
+            Ok(queue::Finished {
+                status,
+                lease_expired,
+            }) => {
+                if lease_expired {
+                    lease_lost(lease, "the lease expired before the attempt finished");
+                }
                 let error = match finish {
                     Finish::Retry { error, .. } | Finish::Fatal { error } => Some(error.as_str()),
                     Finish::Skipped { reason } => Some(reason.as_str()),
@@ -432,11 +522,8 @@ async fn finish_with_retries(
                 return Some(status);
             }
             Err(QueueError::LeaseLost(_)) => {
-                warn!(job_key = %lease.key, attempt = lease.attempt, outcome = "lease_lost",
-                      "finish refused: lease lost; the run belongs to someone else now");
-                let job = lease.job.to_string();
-                metrics::counter!(telemetry::LEASES_LOST, "job" => job.clone()).increment(1);
-                metrics::counter!(telemetry::ATTEMPTS, "job" => job, "outcome" => "lease_lost")
+                lease_lost(lease, "finish refused; the run belongs to someone else now");
+                metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "lease_lost")
                     .increment(1);
                 return None;
             }
@@ -469,17 +556,34 @@ fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
     }
 }
 
+/// Counts and logs a lease this process held and lost, whatever the cause,
+/// so `batchonce_leases_lost_total` sees every one.
+fn lease_lost(lease: &Lease, cause: &str) {
+    warn!(job_key = %lease.key, attempt = lease.attempt, lease_token = lease.token,
+          outcome = "lease_lost", cause, "lease lost");
+    metrics::counter!(telemetry::LEASES_LOST, "job" => lease.job.to_string()).increment(1);
+}
+
 async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
     for attempt in 0..3 {
         match submit_finish(shared, lease, &Finish::Release).await {
-            Ok(_) => {
+            Ok(f) => {
+                if f.lease_expired {
+                    lease_lost(lease, "the lease expired before the attempt was released");
+                }
                 metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "released")
                     .increment(1);
                 info!(job_key = %lease.key, attempt = lease.attempt, processed = counts.processed,
                       outcome = "released", "lease released for another worker");
                 return;
             }
-            Err(QueueError::LeaseLost(_)) => return,
+            Err(QueueError::LeaseLost(_)) => {
+                lease_lost(
+                    lease,
+                    "release refused; the run belongs to someone else now",
+                );
+                return;
+            }
             Err(e) => {
                 warn!(job_key = %lease.key, error = %e, try_no = attempt + 1, "release failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -494,7 +598,7 @@ async fn submit_finish(
     shared: &Shared,
     lease: &Lease,
     finish: &Finish,
-) -> Result<queue::RunStatus, QueueError> {
+) -> Result<queue::Finished, QueueError> {
     let (reply, result) = oneshot::channel();
     let request = FinishRequest {
         fence: lease.fence(),
@@ -504,11 +608,23 @@ async fn submit_finish(
     if shared.finishes.send(request).is_err() {
         // Unreachable while run tasks exist; the direct statement is the same
         // write, so fall back to it rather than lose the finish.
-        return queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await;
+        return finish_direct(shared, lease, finish).await;
     }
     match result.await {
         Ok(r) => r,
-        Err(_) => queue::finish(&shared.pool, &lease.fence(), finish, shared.clock).await,
+        Err(_) => finish_direct(shared, lease, finish).await,
+    }
+}
+
+async fn finish_direct(
+    shared: &Shared,
+    lease: &Lease,
+    finish: &Finish,
+) -> Result<queue::Finished, QueueError> {
+    let items = [(lease.fence(), finish.clone())];
+    match queue::finish_many_detailed(&shared.pool, &items, shared.clock).await? {
+        v if v.len() == 1 => v[0].ok_or_else(|| QueueError::LeaseLost(lease.key.to_string())),
+        _ => Err(QueueError::LeaseLost(lease.key.to_string())),
     }
 }
 
@@ -552,7 +668,7 @@ async fn completer_loop(
             .iter()
             .map(|r| (r.fence.clone(), r.finish.clone()))
             .collect();
-        match queue::finish_many(&pool, &items, clock).await {
+        match queue::finish_many_detailed(&pool, &items, clock).await {
             Ok(statuses) => {
                 for (request, status) in batch.drain(..).zip(statuses) {
                     let result =
@@ -577,16 +693,28 @@ async fn completer_loop(
     }
 }
 
+/// The heartbeat's period: a third of the shortest lease held (each run
+/// carries its own), or of `idle_ttl` when none is held.
+fn heartbeat_every(shared: &Shared, idle_ttl: Duration) -> Duration {
+    let shortest = lock(&shared.held)
+        .values()
+        .map(|h| h.lease_ttl)
+        .min()
+        .unwrap_or(idle_ttl);
+    (shortest.min(idle_ttl) / 3).max(Duration::from_millis(200))
+}
+
 /// Extends every held lease in one statement on a dedicated pool. A lease
 /// that could not be renewed within its ttl on this process's own monotonic
 /// clock is treated as lost (self-fencing), even if the database is unreachable.
 async fn heartbeat_loop(
     shared: Arc<Shared>,
     pool: PgPool,
-    every: Duration,
+    idle_ttl: Duration,
     stopped: CancellationToken,
 ) {
     loop {
+        let every = heartbeat_every(&shared, idle_ttl);
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stopped.cancelled() => return,
@@ -597,7 +725,7 @@ async fn heartbeat_loop(
         // ttl, so self-fencing fires before the lease runs out.
         match tokio::time::timeout(
             every / 2,
-            worker_registry::touch(&pool, &shared.opts.worker_id, VERSION),
+            worker_registry::touch(&pool, &shared.opts.worker_id, VERSION, live_for(every)),
         )
         .await
         {
@@ -676,7 +804,8 @@ async fn heartbeat_loop(
 /// Puts runs whose lease expired back to PENDING (policy `retry`).
 async fn rescue_loop(
     pool: PgPool,
-    retry_jobs: Vec<JobName>,
+    jobs: Vec<JobName>,
+    legacy_retry: Vec<JobName>,
     every: Duration,
     wake: Arc<Notify>,
     stopped: CancellationToken,
@@ -686,7 +815,7 @@ async fn rescue_loop(
             _ = tokio::time::sleep(every) => {}
             _ = stopped.cancelled() => return,
         }
-        match queue::recover_expired(&pool, &retry_jobs, Clock::Db).await {
+        match queue::recover_expired(&pool, &jobs, &legacy_retry, Clock::Db).await {
             Ok(recovered) => {
                 for r in &recovered {
                     metrics::counter!(telemetry::LEASES_RECOVERED, "job" => r.key.job_name().to_owned())

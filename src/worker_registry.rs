@@ -1,41 +1,138 @@
-//! The worker registry: the only module that writes `batch_worker`. Each
-//! worker process registers at start, refreshes `last_seen` with its
-//! heartbeats, and deregisters when it stops; a SIGKILLed worker's row stays
-//! with its last `last_seen`, which is the evidence `runs stale` shows.
+//! The process registry: the only module that writes `batch_worker` and
+//! `batch_process_config`. Each worker and producer registers at start with
+//! the effective configuration of every job it serves (and its
+//! fingerprint), refreshes `last_seen` and `live_until` while it runs, and
+//! deregisters when it stops; a SIGKILLed process's row stays with its last
+//! `last_seen`, which is the evidence `runs stale` shows. It also answers
+//! whether live processes disagree about a job's configuration.
 
-use sqlx::PgPool;
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+
+use crate::config::JobConfig;
+use crate::key::JobName;
+
+/// What a registered process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Producer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Worker => "worker",
+            Self::Producer => "producer",
+        }
+    }
+}
+
+/// How long after its last sign of life a producer run by a timer
+/// (`produce --once`) still counts as live: it is back at its next firing,
+/// which nothing here knows, and an hour covers the usual timers.
+pub const ONE_SHOT_LIVE: Duration = Duration::from_secs(3600);
+
+/// How long the rows of processes that stopped without deregistering are
+/// kept (they are evidence for `runs stale` meanwhile).
+const KEEP_DEAD: &str = "7 days";
+
+fn host() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+}
 
 /// Registers (or re-registers, after a restart under the same id) a worker.
 pub async fn register(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), sqlx::Error> {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "unknown".into());
-    let mut stmt = crate::db::statement(pool).await?;
-    crate::db::query(
-        "INSERT INTO batch_worker (worker_id, host, pid, version, started_at, last_seen) \
-         VALUES ($1, left($2, 255), $3, left($4, 64), now(), now()) \
-         ON CONFLICT (worker_id) DO UPDATE \
-         SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version, \
-             started_at = now(), last_seen = now()",
+    register_process(
+        pool,
+        worker_id,
+        Role::Worker,
+        version,
+        Duration::from_secs(60),
+        &[],
     )
-    .bind(worker_id)
-    .bind(host)
-    .bind(std::process::id() as i32)
-    .bind(version)
-    .execute(stmt.conn())
-    .await?;
-    stmt.done().await
+    .await
 }
 
-/// Refreshes `last_seen`; re-registers if an operator removed the row.
-pub async fn touch(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), sqlx::Error> {
+/// Registers a process with the configuration of every job it serves,
+/// replacing what an earlier process of the same id recorded. It promises
+/// to show a sign of life again within `live_for`.
+pub async fn register_process(
+    pool: &PgPool,
+    process_id: &str,
+    role: Role,
+    version: &str,
+    live_for: Duration,
+    jobs: &[(JobName, &JobConfig)],
+) -> Result<(), sqlx::Error> {
+    let names: Vec<&str> = jobs.iter().map(|(n, _)| n.as_str()).collect();
+    let settings: Vec<serde_json::Value> = jobs.iter().map(|(_, c)| job_settings(c)).collect();
+    let mut tx = pool.begin().await?;
+    crate::db::query(
+        "INSERT INTO batch_worker (worker_id, host, pid, version, started_at, last_seen, role, live_until) \
+         VALUES ($1, left($2, 255), $3, left($4, 64), now(), now(), $5, now() + make_interval(secs => $6)) \
+         ON CONFLICT (worker_id) DO UPDATE \
+         SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version, \
+             started_at = now(), last_seen = now(), role = EXCLUDED.role, \
+             live_until = EXCLUDED.live_until",
+    )
+    .bind(process_id)
+    .bind(host())
+    .bind(std::process::id() as i32)
+    .bind(version)
+    .bind(role.as_str())
+    .bind(live_for.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    crate::db::query("DELETE FROM batch_process_config WHERE process_id = $1")
+        .bind(process_id)
+        .execute(&mut *tx)
+        .await?;
+    if !jobs.is_empty() {
+        crate::db::query(
+            "INSERT INTO batch_process_config (process_id, job_name, fingerprint, settings) \
+             SELECT $1, j, left(md5(s::text), 16), s FROM unnest($2::text[], $3::jsonb[]) AS t(j, s)",
+        )
+        .bind(process_id)
+        .bind(&names)
+        .bind(&settings)
+        .execute(&mut *tx)
+        .await?;
+    }
+    // Processes that stopped without deregistering (SIGKILL, a lost host)
+    // are kept a week as evidence, unless a run still names them.
+    crate::db::query(&format!(
+        "DELETE FROM batch_worker w WHERE w.live_until < now() - interval '{KEEP_DEAD}' \
+         AND NOT EXISTS (SELECT 1 FROM batch_job_run r \
+                         WHERE r.status = 'RUNNING' AND r.lease_owner = w.worker_id)"
+    ))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Refreshes `last_seen` and `live_until`; re-registers if an operator
+/// removed the row (without its configuration, which the next start records).
+pub async fn touch(
+    pool: &PgPool,
+    worker_id: &str,
+    version: &str,
+    live_for: Duration,
+) -> Result<(), sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
-    let n = crate::db::query("UPDATE batch_worker SET last_seen = now() WHERE worker_id = $1")
-        .bind(worker_id)
-        .execute(stmt.conn())
-        .await?
-        .rows_affected();
+    let n = crate::db::query(
+        "UPDATE batch_worker SET last_seen = now(), \
+         live_until = now() + make_interval(secs => $2) WHERE worker_id = $1",
+    )
+    .bind(worker_id)
+    .bind(live_for.as_secs_f64())
+    .execute(stmt.conn())
+    .await?
+    .rows_affected();
     stmt.done().await?;
     if n == 0 {
         register(pool, worker_id, version).await?;
@@ -43,7 +140,7 @@ pub async fn touch(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), 
     Ok(())
 }
 
-/// Removes a stopped worker.
+/// Removes a stopped process (and, by cascade, its configuration rows).
 pub async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
     crate::db::query("DELETE FROM batch_worker WHERE worker_id = $1")
@@ -51,4 +148,150 @@ pub async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), sqlx::Erro
         .execute(stmt.conn())
         .await?;
     stmt.done().await
+}
+
+/// A job's effective configuration as recorded for comparison: every key
+/// that changes what a run is or how it is executed. Values that may hold
+/// secrets (a command's environment, URLs) are recorded as a hash only, so
+/// a difference shows without the value.
+pub fn job_settings(cfg: &JobConfig) -> serde_json::Value {
+    let hidden = |v: &str| format!("hash:{:016x}", crate::key::fnv1a64(v.as_bytes()));
+    let d = |d: Duration| humantime::format_duration(d).to_string();
+    let options: serde_json::Map<String, serde_json::Value> = cfg
+        .options
+        .values
+        .iter()
+        .map(|(k, v)| {
+            let v = match v.as_str() {
+                Some(s) if k.ends_with("url") => serde_json::Value::String(hidden(s)),
+                _ => serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let command = cfg.command.as_ref().map(|c| {
+        serde_json::json!({
+            "argv": c.argv,
+            "timeout": d(c.timeout),
+            "kill_grace": d(c.kill_grace),
+            "working_dir": c.working_dir.as_ref().map(|p| p.display().to_string()),
+            "env": c.env.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(hidden(v)))).collect::<serde_json::Map<_, _>>(),
+            "skipped_exit_code": c.skipped_exit_code,
+            "fatal_exit_codes": c.fatal_exit_codes,
+        })
+    });
+    serde_json::json!({
+        "timezone": cfg.timezone.name(),
+        "schedule": cfg.schedule.as_ref().map(|s| s.as_str()),
+        "covers": cfg.covers.as_str(),
+        "catch_up": d(cfg.catch_up),
+        "skip_dates": cfg.skip_dates.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "skip_weekdays": cfg.skip_weekdays.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+        "enabled": cfg.enabled,
+        "max_attempts": cfg.max_attempts,
+        "lease_ttl": d(cfg.lease_ttl),
+        "stale_after": d(cfg.stale_after),
+        "chunk_size": cfg.chunk_size,
+        "chunk_pause": d(cfg.chunk_pause),
+        "backoff": d(cfg.backoff),
+        "backoff_max": d(cfg.backoff_max),
+        "on_lease_expiry": cfg.on_lease_expiry.as_str(),
+        "max_item_failures": cfg.max_item_failures,
+        "options": options,
+        "command": command,
+    })
+}
+
+/// One live process's configuration of a job.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProcessConfig {
+    pub process_id: String,
+    pub role: String,
+    pub host: String,
+    pub fingerprint: String,
+}
+
+/// A job whose live processes run different configurations.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConfigDrift {
+    pub job_name: String,
+    pub processes: Vec<ProcessConfig>,
+    /// The keys whose values differ between them.
+    pub keys: Vec<String>,
+}
+
+/// Jobs whose live processes (those whose `live_until` has not passed)
+/// recorded more than one configuration, with who runs which and the keys
+/// that differ.
+pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        r#"
+        WITH live AS (
+            SELECT c.process_id, w.role, w.host, c.job_name, c.fingerprint, c.settings
+            FROM batch_process_config c
+            JOIN batch_worker w ON w.worker_id = c.process_id
+            WHERE w.live_until > now()
+        ), drifting AS (
+            SELECT job_name, count(*) AS n FROM live
+            GROUP BY job_name HAVING count(DISTINCT fingerprint) > 1
+        ), keys AS (
+            SELECT e.job_name, array_agg(e.key ORDER BY e.key) AS keys
+            FROM (SELECT l.job_name, kv.key, count(DISTINCT kv.value) AS nvalues, count(*) AS n
+                  FROM live l CROSS JOIN LATERAL jsonb_each(l.settings) kv
+                  WHERE l.job_name IN (SELECT job_name FROM drifting)
+                  GROUP BY l.job_name, kv.key) e
+            JOIN drifting d ON d.job_name = e.job_name
+            -- A key differs when it has two values, or when some process
+            -- does not record it at all.
+            WHERE e.nvalues > 1 OR e.n < d.n
+            GROUP BY e.job_name
+        )
+        SELECT l.job_name, l.process_id, l.role, l.host, l.fingerprint,
+               COALESCE(k.keys, ARRAY[]::text[]) AS keys
+        FROM live l
+        JOIN drifting d USING (job_name)
+        LEFT JOIN keys k USING (job_name)
+        ORDER BY l.job_name, l.fingerprint, l.process_id
+        "#,
+    )
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    let mut out: Vec<ConfigDrift> = Vec::new();
+    for r in rows {
+        let job: String = r.try_get("job_name")?;
+        let process = ProcessConfig {
+            process_id: r.try_get("process_id")?,
+            role: r.try_get("role")?,
+            host: r.try_get("host")?,
+            fingerprint: r.try_get("fingerprint")?,
+        };
+        match out.last_mut() {
+            Some(d) if d.job_name == job => d.processes.push(process),
+            _ => out.push(ConfigDrift {
+                job_name: job,
+                processes: vec![process],
+                keys: r.try_get("keys")?,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// For every job any process recorded: how many different configurations
+/// its live processes run (0 when none is live), for the exporter's gauge.
+pub async fn fingerprint_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        "SELECT c.job_name, count(DISTINCT c.fingerprint) FILTER (WHERE w.live_until > now()) AS n \
+         FROM batch_process_config c JOIN batch_worker w ON w.worker_id = c.process_id \
+         GROUP BY c.job_name ORDER BY c.job_name",
+    )
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("job_name")?, r.try_get("n")?)))
+        .collect()
 }

@@ -15,15 +15,31 @@ fn job() -> JobName {
 }
 
 fn run(day: u32, max_attempts: u32) -> NewRun {
+    run_with(
+        day,
+        batchonce::JobConfig {
+            max_attempts,
+            ..Default::default()
+        },
+    )
+}
+
+/// A run enqueued under `cfg`: its lease length and policies are the run's.
+fn run_with(day: u32, cfg: batchonce::JobConfig) -> NewRun {
     let date = NaiveDate::from_ymd_opt(2026, 1, 1).unwrap() + chrono::Days::new(day as u64);
-    NewRun {
-        key: JobKey::daily(&job(), date),
-        job: job(),
-        business_date: date,
-        max_attempts,
-        payload: serde_json::json!({}),
-        skip_reason: None,
-    }
+    NewRun::new(JobKey::daily(&job(), date), date, &cfg).unwrap()
+}
+
+/// A run whose stored lease lasts `ttl`.
+fn run_ttl(day: u32, max_attempts: u32, ttl: Duration) -> NewRun {
+    run_with(
+        day,
+        batchonce::JobConfig {
+            max_attempts,
+            lease_ttl: ttl,
+            ..Default::default()
+        },
+    )
 }
 
 fn spec(ttl: Duration) -> Vec<ClaimSpec> {
@@ -350,7 +366,7 @@ async fn a_stale_token_cannot_heartbeat_write_or_finish() {
         .await
         .unwrap();
     let future = db_now(&db.pool).await + chrono::Duration::minutes(5);
-    let recovered = queue::recover_expired(&db.pool, &[job()], Clock::At(future))
+    let recovered = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(future))
         .await
         .unwrap();
     assert!(
@@ -361,7 +377,7 @@ async fn a_stale_token_cannot_heartbeat_write_or_finish() {
     tx.commit().await.unwrap();
 
     // The lease expires (simulated clock) and the run is recovered with a new token.
-    let recovered = queue::recover_expired(&db.pool, &[job()], Clock::At(future))
+    let recovered = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(future))
         .await
         .unwrap();
     assert_eq!(recovered.len(), 1);
@@ -430,9 +446,13 @@ async fn a_stale_token_cannot_heartbeat_write_or_finish() {
 #[tokio::test]
 async fn an_expired_lease_cannot_open_a_fence() {
     let db = TestDb::new(&[]).await;
-    queue::enqueue(&db.pool, &[run(1, 5)], Clock::Db)
-        .await
-        .unwrap();
+    queue::enqueue(
+        &db.pool,
+        &[run_ttl(1, 5, Duration::from_secs(1))],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
     let lease = queue::claim(&db.pool, "w", &spec(Duration::from_secs(1)), 1, Clock::Db)
         .await
         .unwrap()
@@ -450,8 +470,11 @@ async fn an_expired_lease_cannot_open_a_fence() {
     ));
 }
 
+/// A fenced transaction that stays open most of the lease (a command job's
+/// script, a long chunk) must not cost the lease: its FOR KEY SHARE lock
+/// lets the heartbeat through (issue 15, item 3).
 #[tokio::test]
-async fn heartbeat_does_not_wait_behind_the_holders_chunk() {
+async fn heartbeat_extends_a_lease_whose_fence_is_open() {
     let db = TestDb::new(&[]).await;
     queue::enqueue(&db.pool, &[run(1, 5), run(2, 5)], Clock::Db)
         .await
@@ -477,10 +500,56 @@ async fn heartbeat_does_not_wait_behind_the_holders_chunk() {
     .await
     .expect("heartbeat must not block")
     .unwrap();
-    assert_eq!(hb.busy, vec![leases[0].key.clone()]);
-    assert_eq!(hb.extended, vec![leases[1].key.clone()]);
-    assert!(hb.lost.is_empty());
-    tx.rollback().await.unwrap();
+    let mut extended = hb.extended.clone();
+    extended.sort();
+    let mut both: Vec<JobKey> = leases.iter().map(|l| l.key.clone()).collect();
+    both.sort();
+    assert_eq!(extended, both, "busy: {:?}", hb.busy);
+    assert!(hb.busy.is_empty() && hb.lost.is_empty());
+    // And the open fence still commits.
+    tx.commit().await.unwrap();
+}
+
+/// Every takeover changes the lease token, a unique key, so PostgreSQL makes
+/// it wait for an open fence: recovery skips the fenced run until the fence
+/// ends, and a held fence's work commits before the run moves on.
+#[tokio::test]
+async fn a_takeover_waits_for_an_open_fence() {
+    let db = TestDb::new(&[]).await;
+    let ttl = Duration::from_secs(2);
+    queue::enqueue(&db.pool, &[run_ttl(1, 5, ttl)], Clock::Db)
+        .await
+        .unwrap();
+    let lease = queue::claim(&db.pool, "w", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    let tx = queue::begin_fenced(&db.pool, &lease.fence(), ttl, Clock::Db)
+        .await
+        .unwrap();
+    let later = db_now(&db.pool).await + chrono::Duration::seconds(10);
+    // Expired by the clock given, but fenced: not taken.
+    let rec = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(later))
+        .await
+        .unwrap();
+    assert!(rec.is_empty(), "recovered under an open fence: {rec:?}");
+    // An UPDATE that changes the token, whatever lock its statement asks
+    // for, waits for the fence (the unique key makes it FOR UPDATE).
+    let mut other = db.pool.acquire().await.unwrap();
+    sqlx::query("SET lock_timeout = '300ms'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let e = sqlx::query("UPDATE batch_job_run SET lease_token = nextval('batch_lease_token_seq')")
+        .execute(&mut *other)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("lock timeout"), "{e}");
+    tx.commit().await.unwrap();
+    let rec = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(later))
+        .await
+        .unwrap();
+    assert_eq!(rec.len(), 1);
 }
 
 #[tokio::test]
@@ -647,7 +716,7 @@ async fn fatal_errors_fail_at_once_and_success_clears_nothing_else() {
 #[tokio::test]
 async fn lease_expiry_returns_the_run_with_a_new_token() {
     let db = TestDb::new(&[]).await;
-    let r = run(1, 2);
+    let r = run_ttl(1, 2, Duration::from_secs(2));
     queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
         .await
         .unwrap();
@@ -657,14 +726,14 @@ async fn lease_expiry_returns_the_run_with_a_new_token() {
         .unwrap()
         .remove(0);
     assert!(
-        queue::recover_expired(&db.pool, &[job()], Clock::Db)
+        queue::recover_expired(&db.pool, &[job()], &[], Clock::Db)
             .await
             .unwrap()
             .is_empty(),
         "a live lease is not recovered"
     );
     let t1 = db_now(&db.pool).await + chrono::Duration::seconds(3);
-    let rec = queue::recover_expired(&db.pool, &[job()], Clock::At(t1))
+    let rec = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(t1))
         .await
         .unwrap();
     assert_eq!(rec.len(), 1);
@@ -687,23 +756,59 @@ async fn lease_expiry_returns_the_run_with_a_new_token() {
         .remove(0);
     assert_eq!(second.attempt, 2);
     let t2 = t1 + chrono::Duration::seconds(3);
-    let rec = queue::recover_expired(&db.pool, &[job()], Clock::At(t2))
+    let rec = queue::recover_expired(&db.pool, &[job()], &[], Clock::At(t2))
         .await
         .unwrap();
     assert_eq!(rec[0].status, RunStatus::Failed);
-    // Jobs under policy hold are never recovered automatically.
-    queue::enqueue(&db.pool, &[run(5, 2)], Clock::Db)
+}
+
+/// The hold filter, where it lives: a run enqueued under policy `hold` stays
+/// RUNNING past its lease for an operator, while a `retry` run of the same
+/// job expiring at the same moment is recovered. The policy is the run's,
+/// whatever the recovering worker's configuration says.
+#[tokio::test]
+async fn hold_runs_are_never_recovered_and_retry_runs_are() {
+    let db = TestDb::new(&[]).await;
+    let ttl = Duration::from_secs(2);
+    let hold = run_with(
+        1,
+        batchonce::JobConfig {
+            lease_ttl: ttl,
+            on_lease_expiry: batchonce::config::LeaseExpiryPolicy::Hold,
+            ..Default::default()
+        },
+    );
+    let retry = run_ttl(2, 3, ttl);
+    queue::enqueue(&db.pool, &[hold.clone(), retry.clone()], Clock::Db)
         .await
         .unwrap();
-    queue::claim(&db.pool, "w", &spec(ttl), 1, Clock::Db)
-        .await
-        .unwrap();
-    assert!(
-        queue::recover_expired(&db.pool, &[], Clock::At(t2 + chrono::Duration::hours(1)))
+    assert_eq!(
+        queue::claim(&db.pool, "w", &spec(ttl), 2, Clock::Db)
             .await
             .unwrap()
-            .is_empty()
+            .len(),
+        2
     );
+    let later = db_now(&db.pool).await + chrono::Duration::hours(1);
+    // The worker's file calls every job `retry` (legacy list): irrelevant
+    // to runs that store their own policy.
+    let rec = queue::recover_expired(&db.pool, &[job()], &[job()], Clock::At(later))
+        .await
+        .unwrap();
+    let keys: Vec<&JobKey> = rec.iter().map(|r| &r.key).collect();
+    assert_eq!(keys, vec![&retry.key]);
+    assert_eq!(status_of(&db.pool, &hold.key).await.0, "RUNNING");
+    assert_eq!(status_of(&db.pool, &retry.key).await.0, "PENDING");
+    // A run of a job the worker does not serve is not touched either.
+    let rec = queue::recover_expired(
+        &db.pool,
+        &[JobName::parse("other").unwrap()],
+        &[],
+        Clock::At(later),
+    )
+    .await
+    .unwrap();
+    assert!(rec.is_empty());
 }
 
 #[tokio::test]
@@ -758,13 +863,11 @@ async fn status_counts_and_stale_runs() {
         .await
         .unwrap();
     let later = db_now(&db.pool).await + chrono::Duration::minutes(30);
-    let st = queue::status(
-        &db.pool,
-        &[(job(), Duration::from_secs(20 * 60))],
-        Clock::At(later),
-    )
-    .await
-    .unwrap();
+    // The runs carry their own stale_after (20 minutes, the default); the
+    // fallback given here serves only runs without one.
+    let st = queue::status(&db.pool, &[], Clock::At(later))
+        .await
+        .unwrap();
     assert_eq!(st.stale.len(), 1);
     assert_eq!(st.expired_leases, 1);
     assert!(st.oldest_pending_seconds.unwrap() >= 1799.0);

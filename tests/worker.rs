@@ -92,13 +92,15 @@ async fn setup() -> TestDb {
 fn new_run(day: u64, payload: serde_json::Value) -> NewRun {
     let job = JobName::parse("test-job").unwrap();
     let date = NaiveDate::from_ymd_opt(2026, 3, 1).unwrap() + chrono::Days::new(day);
-    NewRun {
-        key: JobKey::daily(&job, date),
-        job,
-        business_date: date,
+    // Enqueued as the producer would: with the job's configuration, which
+    // the run keeps (its 2 s lease).
+    let cfg = batchonce::JobConfig {
         max_attempts: 3,
+        ..TestJob.default_config()
+    };
+    NewRun {
         payload,
-        skip_reason: None,
+        ..NewRun::new(JobKey::daily(&job, date), date, &cfg).unwrap()
     }
 }
 
@@ -271,6 +273,7 @@ async fn a_lost_lease_cancels_the_handler_and_its_writes_stop() {
         taken = queue::recover_expired(
             &db.pool,
             &[JobName::parse("test-job").unwrap()],
+            &[],
             Clock::At(soon),
         )
         .await

@@ -1,7 +1,10 @@
-//! `daily-settlement`: settles the orders paid on one business date (in the
-//! job's time zone) into one `settlement_item` per order, then per-merchant
-//! totals in `settlement_summary`. Every write is fenced by the lease token and
-//! idempotent by item key, so a retry after a crash resumes without a second row.
+//! `daily-settlement`: settles the orders paid in one business period (the
+//! instants the run was enqueued with, in the job's time zone then) into one
+//! `settlement_item` per order, then per-merchant totals in
+//! `settlement_summary`. Every write is fenced by the lease token, and the
+//! item key is the order alone (`settlement_item_order_key`): an order is
+//! settled once, ever, whatever run, date or configuration reaches it, and a
+//! retry after a crash resumes without a second row.
 
 use async_trait::async_trait;
 use batchonce::schedule::{Covers, CronSchedule};
@@ -52,7 +55,9 @@ impl Job for DailySettlement {
     }
 
     async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
-        let (start, end) = day_bounds(ctx.business_date, ctx.config.timezone);
+        // The window the run was enqueued with, never this worker's idea of
+        // the job's time zone.
+        let (start, end) = (ctx.run.period_start, ctx.run.period_end);
         // Bad source data fails the run at once: retrying cannot fix it, and
         // settling a negative amount would move money the wrong way.
         let mut stmt = batchonce::db::statement(ctx.pool()).await?;
@@ -70,9 +75,13 @@ impl Job for DailySettlement {
                 "order {id} has a negative amount; fix the source, then `batchonce runs rerun`"
             )));
         }
-        let chunk = i64::from(ctx.config.chunk_size);
+        let chunk = i64::from(ctx.run.chunk_size);
         let mut after = i64::MIN;
         let mut first = true;
+        // Orders of this window that another run already settled (under
+        // another business date): reported, never settled again.
+        let mut elsewhere = 0i64;
+        let mut example: Option<(i64, String)> = None;
         loop {
             if !first {
                 ctx.pause(ctx.config.chunk_pause).await?;
@@ -96,12 +105,20 @@ impl Job for DailySettlement {
                     INSERT INTO settlement_item
                         (business_date, order_id, merchant_id, amount_minor, job_key, lease_token)
                     SELECT $5, order_id, merchant_id, amount_minor, $6, $7 FROM chunk
-                    ON CONFLICT ON CONSTRAINT settlement_item_business_date_order_id_key DO NOTHING
-                    RETURNING 1
+                    ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
+                    RETURNING order_id
+                ), other AS (
+                    SELECT i.order_id, i.job_key FROM settlement_item i
+                    JOIN chunk c USING (order_id)
+                    -- The statement's snapshot: items that existed before it.
+                    WHERE i.business_date <> $5
                 )
                 SELECT (SELECT max(order_id) FROM chunk) AS last_id,
                        (SELECT count(*) FROM chunk) AS scanned,
-                       (SELECT count(*) FROM ins) AS inserted
+                       (SELECT count(*) FROM ins) AS inserted,
+                       (SELECT count(*) FROM other) AS elsewhere,
+                       (SELECT min(order_id) FROM other) AS example_order,
+                       (SELECT min(job_key) FROM other) AS example_key
                 "#,
             )
             .bind(start)
@@ -116,12 +133,28 @@ impl Job for DailySettlement {
             let last_id: Option<i64> = row.try_get("last_id")?;
             let scanned: i64 = row.try_get("scanned")?;
             let inserted: i64 = row.try_get("inserted")?;
+            let other: i64 = row.try_get("elsewhere")?;
+            if other > 0 {
+                elsewhere += other;
+                if example.is_none() {
+                    let order: Option<i64> = row.try_get("example_order")?;
+                    let key: Option<String> = row.try_get("example_key")?;
+                    example = order.zip(key);
+                }
+            }
             tx.add_progress(inserted, 0);
             ctx.commit(tx).await?;
             match last_id {
                 Some(id) if scanned == chunk => after = id,
                 _ => break,
             }
+        }
+        if elsewhere > 0 {
+            let (order, key) = example.unwrap_or_default();
+            tracing::warn!(
+                job_key = %ctx.key, orders = elsewhere, example_order = order, example_run = %key,
+                "orders of this period were already settled by another run; they were not settled again (did the job's time zone change between periods?)"
+            );
         }
         if ctx.is_cancelled() {
             return Err(JobError::Cancelled);

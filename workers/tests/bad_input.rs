@@ -459,15 +459,15 @@ async fn generated_config_files_are_refused_and_change_nothing() {
 async fn an_oversized_payload_is_refused_whole() {
     let db = db_with_history().await;
     let before = checksum(&db.pool).await;
-    let job = batchonce::JobName::parse("daily-settlement").unwrap();
     for size in [70_000usize, 1 << 20] {
         let run = batchonce::queue::NewRun {
-            key: batchonce::JobKey::parse("daily-settlement:2026-09-20").unwrap(),
-            job: job.clone(),
-            business_date: chrono::NaiveDate::from_ymd_opt(2026, 9, 20).unwrap(),
-            max_attempts: 3,
             payload: serde_json::json!({ "note": "가".repeat(size / 3) }),
-            skip_reason: None,
+            ..batchonce::queue::NewRun::new(
+                batchonce::JobKey::parse("daily-settlement:2026-09-20").unwrap(),
+                chrono::NaiveDate::from_ymd_opt(2026, 9, 20).unwrap(),
+                &batchonce::JobConfig::default(),
+            )
+            .unwrap()
         };
         let e = batchonce::queue::enqueue(&db.pool, &[run], batchonce::Clock::Db)
             .await

@@ -393,14 +393,15 @@ async fn the_sql_fence_refuses_a_token_that_lost_the_lease() {
     let key = JobKey::parse("cmd-x:2026-09-15").unwrap();
     queue::enqueue(
         &db.pool,
-        &[NewRun {
-            key: key.clone(),
-            job: job.clone(),
-            business_date: NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
-            max_attempts: 3,
-            payload: serde_json::json!({}),
-            skip_reason: None,
-        }],
+        &[NewRun::new(
+            key.clone(),
+            NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+            &batchonce::JobConfig {
+                max_attempts: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap()],
         Clock::Db,
     )
     .await

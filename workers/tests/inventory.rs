@@ -12,7 +12,7 @@ use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
 use batchonce::testing::{wait_for_count, wait_until, TestDb};
 use batchonce::worker::{self, Shutdown, WorkerOptions};
-use batchonce::{Clock, JobKey, JobName, Registry};
+use batchonce::{Clock, JobKey, Registry};
 use batchonce_workers::inventory::{self, InventorySync};
 use chrono::NaiveDate;
 use rand::Rng;
@@ -30,14 +30,23 @@ async fn db() -> TestDb {
 
 /// The run of the quarter-hour `hh:mm` on 2026-09-15, keyed as the producer keys it.
 fn period(hm: &str) -> NewRun {
-    NewRun {
-        key: JobKey::parse(&format!("inventory-sync:2026-09-15T{hm}")).unwrap(),
-        job: JobName::parse(inventory::NAME).unwrap(),
-        business_date: NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+    period_with(hm, "")
+}
+
+/// The run of `hh:mm` enqueued under [`config`] with `extra`: the run keeps
+/// those policies, as one the producer enqueues does.
+fn period_with(hm: &str, extra: &str) -> NewRun {
+    let job = config(extra).jobs[&batchonce::JobName::parse(inventory::NAME).unwrap()].clone();
+    let cfg = batchonce::JobConfig {
         max_attempts: 4,
-        payload: serde_json::json!({}),
-        skip_reason: None,
-    }
+        ..job
+    };
+    NewRun::new(
+        JobKey::parse(&format!("inventory-sync:2026-09-15T{hm}")).unwrap(),
+        NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
+        &cfg,
+    )
+    .unwrap()
 }
 
 fn config(extra: &str) -> Config {
@@ -192,7 +201,7 @@ async fn overlapping_runs_while_the_source_changes_never_regress() {
     });
     let runs: Vec<NewRun> = ["10:00", "10:15", "10:30", "10:45", "11:00", "11:15"]
         .iter()
-        .map(|hm| period(hm))
+        .map(|hm| period_with(hm, "chunk_size = 20\n"))
         .collect();
     enqueue(&db.pool, &runs).await;
     let mut seen: BTreeMap<String, i64> = BTreeMap::new();

@@ -68,21 +68,29 @@ async fn seed(pool: &PgPool, n: i64, bad: &[i64]) {
     .unwrap();
 }
 
-async fn enqueue(pool: &PgPool, max_attempts: u32) {
-    queue::enqueue(
+/// Enqueues the run as the producer would, under the policies of
+/// [`config`] with `extra` (the run keeps them, whatever the worker's file).
+async fn enqueue_with(pool: &PgPool, max_attempts: u32, extra: &str) {
+    let cfg = config(&NotificationSend::new(), extra);
+    let job = cfg.jobs[&JobName::parse(notification::NAME).unwrap()].clone();
+    enqueue_job(
         pool,
-        &[NewRun {
-            key: key(),
-            job: JobName::parse(notification::NAME).unwrap(),
-            business_date: date(),
+        &batchonce::JobConfig {
             max_attempts,
-            payload: serde_json::json!({}),
-            skip_reason: None,
-        }],
-        Clock::Db,
+            ..job
+        },
     )
-    .await
-    .unwrap();
+    .await;
+}
+
+async fn enqueue_job(pool: &PgPool, job: &batchonce::JobConfig) {
+    queue::enqueue(pool, &[NewRun::new(key(), date(), job).unwrap()], Clock::Db)
+        .await
+        .unwrap();
+}
+
+async fn enqueue(pool: &PgPool, max_attempts: u32) {
+    enqueue_with(pool, max_attempts, "").await;
 }
 
 /// The job's defaults with fast retries and small chunks, plus `extra` TOML.
@@ -263,10 +271,11 @@ async fn rejections_count_and_fail_the_run_only_beyond_the_threshold() {
     for (threshold, want) in [(5, "SUCCEEDED"), (1, "FAILED")] {
         let db = db().await;
         seed(&db.pool, 30, &[4, 9]).await;
-        enqueue(&db.pool, 3).await;
+        let policy = format!("max_item_failures = {threshold}\n");
+        enqueue_with(&db.pool, 3, &policy).await;
         let dir = scratch("reject-outbox");
         let job = NotificationSend::with_sender(Arc::new(TestSender::new(&dir)));
-        let cfg = config(&job, &format!("max_item_failures = {threshold}\n"));
+        let cfg = config(&job, &policy);
         let (status, attempts, processed, failed, error) = run_to_end(&db, job, cfg).await;
         assert_eq!(status, want, "threshold {threshold}: {error:?}");
         assert_eq!((attempts, processed, failed), (1, 28, 2));
@@ -541,7 +550,18 @@ fn spawn_worker(db: &TestDb, config: &Path, dir: &Path, id: &str) -> Child {
 async fn a_sigkilled_worker_process_is_taken_over_and_nobody_is_notified_twice() {
     let db = db().await;
     seed(&db.pool, 300, &[13]).await;
-    enqueue(&db.pool, 3).await;
+    // The policies of the workers' file below, as the producer stores them.
+    enqueue_job(
+        &db.pool,
+        &batchonce::JobConfig {
+            max_attempts: 3,
+            chunk_size: 10,
+            lease_ttl: Duration::from_secs(2),
+            backoff: Duration::from_secs(1),
+            ..NotificationSend::new().default_config()
+        },
+    )
+    .await;
     let dir = scratch("notify-kill");
     let outbox = dir.join("outbox");
     let cfg = dir.join("batchonce.toml");

@@ -124,9 +124,11 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
     let dir = scratch("operator");
     let cfg = hold_config(&dir);
     seed(&db.pool, 1200).await;
+    // Enqueued under the file the workers use: the run keeps its policies
+    // (hold, stale_after 3s), whatever file an operator or worker has later.
     assert!(run(
         &db,
-        None,
+        Some(&cfg),
         &["enqueue", "daily-settlement", "--date", "2026-09-15"]
     )
     .status

@@ -60,16 +60,14 @@ fn registry() -> Registry {
 }
 
 fn noop_runs(n: usize, offset: usize) -> Vec<NewRun> {
-    let job = Noop.name();
+    let cfg = Noop.default_config();
     (0..n)
-        .map(|i| NewRun {
+        .map(|i| {
             // Invariant: digits form a valid period.
-            key: JobKey::parse(&format!("bench-noop:{:09}", offset + i)).expect("valid key"),
-            job: job.clone(),
-            business_date: NaiveDate::from_ymd_opt(2026, 1, 1).unwrap_or_default(),
-            max_attempts: 3,
-            payload: json!({}),
-            skip_reason: None,
+            let key = JobKey::parse(&format!("bench-noop:{:09}", offset + i)).expect("valid key");
+            let date = NaiveDate::from_ymd_opt(2026, 1, 1).unwrap_or_default();
+            // Invariant: a whole day of 2026 has bounds in every zone.
+            NewRun::new(key, date, &cfg).expect("valid period")
         })
         .collect()
 }
@@ -423,14 +421,11 @@ async fn settle(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_js
     let key = format!("daily-settlement:{date}");
     queue::enqueue(
         pool,
-        &[NewRun {
-            key: JobKey::parse(&key)?,
-            job: settlement::DailySettlement.name(),
-            business_date: date,
-            max_attempts: 3,
-            payload: json!({}),
-            skip_reason: None,
-        }],
+        &[NewRun::new(
+            JobKey::parse(&key)?,
+            date,
+            &settlement::DailySettlement.default_config(),
+        )?],
         Clock::Db,
     )
     .await?;

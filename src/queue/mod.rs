@@ -13,8 +13,16 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use crate::clock::Clock;
+use crate::context::RunContext;
 use crate::key::{JobKey, JobName};
 use crate::telemetry;
+
+pub mod context;
+mod views;
+
+pub use views::{
+    gauges, stale_runs, status, JobGauges, QueueStatus, StaleRun, StaleSpec, StatusCount,
+};
 
 /// The channel `enqueue` notifies so idle workers wake at once.
 pub const NOTIFY_CHANNEL: &str = "batchonce_run";
@@ -132,6 +140,32 @@ pub struct NewRun {
     /// Set for periods the business calendar skips: the run is recorded as
     /// SKIPPED with this reason instead of being queued.
     pub skip_reason: Option<String>,
+    /// What defines the run, stored with it (see [`crate::context`]).
+    pub context: RunContext,
+}
+
+impl NewRun {
+    /// A pending run of `key` with the context `cfg` gives it (no payload,
+    /// not skipped).
+    pub fn new(
+        key: JobKey,
+        business_date: NaiveDate,
+        cfg: &crate::config::JobConfig,
+    ) -> Result<Self, crate::context::PeriodError> {
+        let period = key.as_str().split_once(':').map_or("", |(_, p)| p);
+        let context = RunContext::for_key(cfg, business_date, period)?;
+        let job = JobName::parse(key.job_name())
+            .map_err(|_| crate::context::PeriodError(key.to_string()))?;
+        Ok(Self {
+            key,
+            job,
+            business_date,
+            max_attempts: cfg.max_attempts,
+            payload: serde_json::json!({}),
+            skip_reason: None,
+            context,
+        })
+    }
 }
 
 /// What one enqueue statement did, key by key, in input order.
@@ -156,6 +190,7 @@ pub async fn enqueue(
     let mut maxes = Vec::new();
     let mut payloads = Vec::new();
     let mut reasons: Vec<Option<String>> = Vec::new();
+    let mut contexts = context::Arrays::default();
     let mut order = Vec::new();
     for r in runs {
         if r.key.job_name() != r.job.as_str() {
@@ -180,36 +215,51 @@ pub async fn enqueue(
             maxes.push(r.max_attempts as i32);
             payloads.push(r.payload.clone());
             reasons.push(r.skip_reason.as_deref().map(truncate));
+            contexts.push(&r.context);
         }
     }
     if keys.is_empty() {
         return Ok(EnqueueReport::default());
     }
     let mut tx = pool.begin().await?;
-    let inserted: Vec<String> = crate::db::query_scalar(
+    let sql = format!(
         r#"
         INSERT INTO batch_job_run
             (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
-             status, finished_at, error_message)
+             status, finished_at, error_message,
+             timezone, period_start, period_end, covers, lease_ttl, stale_after,
+             on_lease_expiry, chunk_size, backoff, backoff_max, max_item_failures,
+             attempt_budget)
         SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now()),
                CASE WHEN why IS NULL THEN 'PENDING' ELSE 'SKIPPED' END,
                CASE WHEN why IS NULL THEN NULL ELSE COALESCE($6, now()) END,
-               why
-        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[])
-             AS t(k, n, d, m, p, why)
+               why,
+               c.tz, c.ps, c.pe, c.cov, make_interval(secs => c.ttl),
+               make_interval(secs => c.stale), c.exp, c.chunk, make_interval(secs => c.bo),
+               make_interval(secs => c.bomax), c.mif, c.budget
+        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[], {})
+             AS c(k, n, d, m, p, why, {})
         ON CONFLICT (job_key) DO NOTHING
         RETURNING job_key
         "#,
-    )
-    .bind(&keys)
-    .bind(&names)
-    .bind(&dates)
-    .bind(&maxes)
-    .bind(&payloads)
-    .bind(clock.bind())
-    .bind(&reasons)
-    .fetch_all(&mut *tx)
-    .await?;
+        context::unnest(8),
+        context::UNNEST_ALIASES,
+    );
+    let q = crate::db::query(&sql)
+        .bind(&keys)
+        .bind(&names)
+        .bind(&dates)
+        .bind(&maxes)
+        .bind(&payloads)
+        .bind(clock.bind())
+        .bind(&reasons);
+    let inserted: Vec<String> = contexts
+        .bind(q)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get("job_key"))
+        .collect::<Result<_, _>>()?;
     if !inserted.is_empty() {
         crate::db::query("SELECT pg_notify($1, '')")
             .bind(NOTIFY_CHANNEL)
@@ -233,7 +283,9 @@ pub async fn enqueue(
     Ok(report)
 }
 
-/// What a worker may claim: job names with their lease length.
+/// What a worker may claim: job names, with the lease length its own
+/// configuration gives, which applies only to runs that carry no context of
+/// their own (enqueued by the previous release).
 #[derive(Debug, Clone)]
 pub struct ClaimSpec {
     pub job: JobName,
@@ -252,6 +304,9 @@ pub struct Lease {
     pub expires_at: DateTime<Utc>,
     pub processed_count: i64,
     pub payload: serde_json::Value,
+    /// What defines the run; `None` for a run the previous release enqueued,
+    /// which the worker freezes before its handler starts.
+    pub context: Option<RunContext>,
 }
 
 /// The pair every fenced statement checks.
@@ -285,8 +340,7 @@ pub async fn claim(
     }
     let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
+    let sql = format!(
         r#"
         WITH picked AS (
             -- The pick lives in a function whose settings keep the plan on
@@ -299,9 +353,11 @@ pub async fn claim(
                 attempts = r.attempts + 1,
                 lease_token = nextval('batch_lease_token_seq'),
                 lease_owner = $4,
-                lease_expires_at = COALESCE($5, now()) + make_interval(secs => (
+                -- The run's own lease length; the claimer's only for a run
+                -- the previous release enqueued without one.
+                lease_expires_at = COALESCE($5, now()) + COALESCE(r.lease_ttl, make_interval(secs => (
                     SELECT c.ttl FROM unnest($1::text[], $2::float8[]) AS c(n, ttl)
-                    WHERE c.n = r.job_name LIMIT 1)),
+                    WHERE c.n = r.job_name LIMIT 1))),
                 heartbeat_at = COALESCE($5, now()),
                 heartbeat_processed = r.processed_count,
                 started_at = COALESCE($5, now()),
@@ -311,21 +367,24 @@ pub async fn claim(
             WHERE r.job_key = ANY (ARRAY(SELECT job_key FROM picked))
             RETURNING r.job_key, r.job_name, r.business_date, r.attempts, r.max_attempts,
                       r.lease_token, r.lease_expires_at, r.processed_count, r.payload,
-                      r.started_at
+                      r.started_at, {}
         ), attempt AS (
             INSERT INTO batch_job_attempt (job_key, attempt, lease_token, worker_id, started_at)
             SELECT job_key, attempts, lease_token, $4, started_at FROM claimed
         )
         SELECT * FROM claimed
         "#,
-    )
-    .bind(&names)
-    .bind(&ttls)
-    .bind(limit as i64)
-    .bind(worker_id)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
+        context::COLUMNS
+    );
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(&sql)
+        .bind(&names)
+        .bind(&ttls)
+        .bind(limit as i64)
+        .bind(worker_id)
+        .bind(clock.bind())
+        .fetch_all(stmt.conn())
+        .await?;
     stmt.done().await?;
     rows.iter().map(lease_from_row).collect()
 }
@@ -343,6 +402,7 @@ fn lease_from_row(row: &PgRow) -> Result<Lease, QueueError> {
         expires_at: row.try_get("lease_expires_at")?,
         processed_count: row.try_get("processed_count")?,
         payload: row.try_get("payload")?,
+        context: context::from_row(row)?,
     })
 }
 
@@ -358,16 +418,19 @@ pub struct HeldLease {
 pub struct HeartbeatReport {
     /// Extended now.
     pub extended: Vec<JobKey>,
-    /// Still ours, but a chunk transaction of ours holds the row; its commit
-    /// extends the lease itself, so the heartbeat does not wait behind it.
+    /// Still ours, but another statement holds the row's update lock (a
+    /// fenced commit writing its counters, or a takeover waiting for its
+    /// turn); the heartbeat does not wait behind it and tries again next time.
     pub busy: Vec<JobKey>,
     /// No longer ours: cancel their handlers.
     pub lost: Vec<JobKey>,
 }
 
-/// Extends every held lease in one statement. Rows locked by the holder's own
-/// chunk transaction are skipped rather than waited for, so a long chunk never
-/// stalls the heartbeats of the other runs in the process.
+/// Extends every held lease in one statement. A fenced transaction's
+/// FOR KEY SHARE lock does not stop it, so a chunk, or a command job's
+/// script, that keeps its fence for most of the lease keeps its lease; a row
+/// whose update lock another statement holds is skipped rather than waited
+/// for, so one run never stalls the heartbeats of the others.
 pub async fn heartbeat(
     pool: &PgPool,
     held: &[HeldLease],
@@ -478,15 +541,18 @@ pub async fn begin_fenced(
         .bind(format!("{}ms", idle.as_millis()))
         .execute(&mut *tx)
         .await?;
-    // FOR NO KEY UPDATE rather than FOR SHARE: this transaction updates the
-    // same row at commit, and upgrading a share lock can deadlock against a
-    // takeover that queued in between.
+    // FOR KEY SHARE: every takeover changes the lease token, a unique key,
+    // so its UPDATE takes FOR UPDATE and waits for this lock, while the
+    // holder's heartbeat changes no key and passes it (migration
+    // 20261203000001). The commit's own update of the row (NO KEY UPDATE)
+    // does not conflict with a KEY SHARE lock, its own or another fenced
+    // transaction's, so upgrading it cannot deadlock.
     let ok: Option<i32> = crate::db::query_scalar(
         r#"
         SELECT 1 FROM batch_job_run
         WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
           AND lease_expires_at > COALESCE($3, now())
-        FOR NO KEY UPDATE
+        FOR KEY SHARE
         "#,
     )
     .bind(fence.key.as_str())
@@ -640,6 +706,30 @@ pub async fn finish_many(
     items: &[(Fence, Finish)],
     clock: Clock,
 ) -> Result<Vec<Option<RunStatus>>, QueueError> {
+    Ok(finish_many_detailed(pool, items, clock)
+        .await?
+        .into_iter()
+        .map(|f| f.map(|f| f.status))
+        .collect())
+}
+
+/// One attempt ended by [`finish_many_detailed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub status: RunStatus,
+    /// The lease had expired before the finish, although nobody had taken
+    /// the run over yet: the attempt outlived its lease, which the worker
+    /// counts as a lost lease.
+    pub lease_expired: bool,
+}
+
+/// [`finish_many`], saying also of each attempt whether its lease had
+/// expired by the time it finished.
+pub async fn finish_many_detailed(
+    pool: &PgPool,
+    items: &[(Fence, Finish)],
+    clock: Clock,
+) -> Result<Vec<Option<Finished>>, QueueError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -695,7 +785,8 @@ pub async fn finish_many(
                      WHEN f.kind = 'release' THEN 'PENDING'
                      WHEN f.kind = 'retry' AND r.attempts < r.max_attempts THEN 'PENDING'
                      ELSE 'FAILED'
-                   END AS status
+                   END AS status,
+                   r.lease_expires_at <= COALESCE($6, now()) AS expired
             FROM f
             JOIN batch_job_run r ON r.job_key = f.job_key AND r.lease_token = f.token
             WHERE r.status = 'RUNNING'
@@ -727,7 +818,7 @@ pub async fn finish_many(
                                      ELSE next.message END
             FROM next
             WHERE r.job_key = next.job_key
-            RETURNING r.job_key, r.status, next.token, next.kind, next.message
+            RETURNING r.job_key, r.status, next.token, next.kind, next.message, next.expired
         ), attempt AS (
             UPDATE batch_job_attempt a
             SET finished_at = COALESCE($6, now()),
@@ -740,7 +831,7 @@ pub async fn finish_many(
             FROM upd
             WHERE a.job_key = upd.job_key AND a.lease_token = upd.token
         )
-        SELECT job_key, status FROM upd
+        SELECT job_key, status, expired FROM upd
         "#,
     )
     .bind(&keys)
@@ -758,7 +849,14 @@ pub async fn finish_many(
         let status: String = row.try_get("status")?;
         let status = RunStatus::parse(&status)
             .ok_or_else(|| QueueError::Invalid(format!("unknown status {status}")))?;
-        done.insert(key, status);
+        let lease_expired: Option<bool> = row.try_get("expired")?;
+        done.insert(
+            key,
+            Finished {
+                status,
+                lease_expired: lease_expired.unwrap_or(false),
+            },
+        );
     }
     Ok(keys.iter().map(|k| done.get(*k).copied()).collect())
 }
@@ -782,18 +880,23 @@ pub struct Recovered {
     pub status: RunStatus,
 }
 
-/// Lease-expiry recovery for jobs under policy `retry` (DESIGN.md §4.7): a
-/// RUNNING run whose lease expired goes back to PENDING with a new token, or to
-/// FAILED when that was its last attempt. The token bump fences the old holder.
+/// Lease-expiry recovery (DESIGN.md §4.7) for runs of `jobs` whose stored
+/// policy is `retry`: a RUNNING run whose lease expired goes back to PENDING
+/// with a new token, or to FAILED when that was its last attempt. The token
+/// bump fences the old holder. A run the previous release enqueued stores no
+/// policy; for those, `legacy_retry` names the jobs whose policy is `retry`
+/// in the recovering worker's configuration.
 pub async fn recover_expired(
     pool: &PgPool,
-    retry_jobs: &[JobName],
+    jobs: &[JobName],
+    legacy_retry: &[JobName],
     clock: Clock,
 ) -> Result<Vec<Recovered>, QueueError> {
-    if retry_jobs.is_empty() {
+    if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let names: Vec<&str> = retry_jobs.iter().map(JobName::as_str).collect();
+    let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
+    let legacy: Vec<&str> = legacy_retry.iter().map(JobName::as_str).collect();
     let mut stmt = crate::db::statement(pool).await?;
     let rows = crate::db::query(
         r#"
@@ -803,7 +906,12 @@ pub async fn recover_expired(
             WHERE status = 'RUNNING'
               AND lease_expires_at <= COALESCE($2, now())
               AND job_name = ANY($1)
-            FOR NO KEY UPDATE SKIP LOCKED
+              AND COALESCE(on_lease_expiry,
+                           CASE WHEN job_name = ANY($3) THEN 'retry' ELSE 'hold' END) = 'retry'
+            -- FOR UPDATE, which a fenced transaction's KEY SHARE lock holds
+            -- off: a holder that is still writing commits first, or not at
+            -- all, before the run moves on.
+            FOR UPDATE SKIP LOCKED
         ), upd AS (
             UPDATE batch_job_run r
             SET status = CASE WHEN r.attempts < r.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
@@ -831,6 +939,7 @@ pub async fn recover_expired(
     )
     .bind(&names)
     .bind(clock.bind())
+    .bind(&legacy)
     .fetch_all(stmt.conn())
     .await?;
     stmt.done().await?;
@@ -868,6 +977,18 @@ pub struct RunView {
     pub processed_count: i64,
     pub failed_count: i64,
     pub error_message: Option<String>,
+    /// What defines the run (time zone, period, policies); `None` for a run
+    /// the previous release enqueued and nobody has claimed since.
+    #[serde(serialize_with = "serialize_context")]
+    pub context: Option<RunContext>,
+}
+
+fn serialize_context<S: serde::Serializer>(
+    c: &Option<RunContext>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::Serialize as _;
+    c.as_ref().map(RunContext::to_json).serialize(s)
 }
 
 /// One attempt from the history.
@@ -884,11 +1005,12 @@ pub struct AttemptView {
     pub failed_count: i64,
 }
 
-const RUN_COLUMNS: &str = "job_key, job_name, business_date, status, attempts, max_attempts, \
-    next_run_at, lease_owner, lease_token, lease_expires_at, heartbeat_at, enqueued_at, \
-    started_at, finished_at, processed_count, failed_count, error_message";
+const RUN_COLUMNS: &str = "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
+    r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
+    r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
+    r.failed_count, r.error_message";
 
-fn run_from_row(row: &PgRow) -> Result<RunView, sqlx::Error> {
+fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     Ok(RunView {
         job_key: row.try_get("job_key")?,
         job_name: row.try_get("job_name")?,
@@ -907,6 +1029,7 @@ fn run_from_row(row: &PgRow) -> Result<RunView, sqlx::Error> {
         processed_count: row.try_get("processed_count")?,
         failed_count: row.try_get("failed_count")?,
         error_message: row.try_get("error_message")?,
+        context: context::from_row(row)?,
     })
 }
 
@@ -918,9 +1041,10 @@ pub async fn list_runs(
     limit: u32,
 ) -> Result<Vec<RunView>, QueueError> {
     let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM batch_job_run \
-         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR job_name = $2) \
-         ORDER BY business_date DESC, job_key LIMIT $3"
+        "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
+         WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
+         ORDER BY r.business_date DESC, r.job_key LIMIT $3",
+        context::COLUMNS
     );
     let mut stmt = crate::db::statement(pool).await?;
     let rows = crate::db::query(&sql)
@@ -930,7 +1054,7 @@ pub async fn list_runs(
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;
-    Ok(rows.iter().map(run_from_row).collect::<Result<_, _>>()?)
+    rows.iter().map(run_from_row).collect()
 }
 
 /// One run and its attempt history, or `None` if the key is unknown.
@@ -938,7 +1062,10 @@ pub async fn show_run(
     pool: &PgPool,
     key: &JobKey,
 ) -> Result<Option<(RunView, Vec<AttemptView>)>, QueueError> {
-    let sql = format!("SELECT {RUN_COLUMNS} FROM batch_job_run WHERE job_key = $1");
+    let sql = format!(
+        "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r WHERE r.job_key = $1",
+        context::COLUMNS
+    );
     let mut stmt = crate::db::statement(pool).await?;
     let Some(row) = crate::db::query(&sql)
         .bind(key.as_str())
@@ -973,218 +1100,6 @@ pub async fn show_run(
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
     stmt.done().await?;
     Ok(Some((run, attempts)))
-}
-
-/// Counts per job and status, for `status`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StatusCount {
-    pub job_name: String,
-    pub status: String,
-    pub runs: i64,
-}
-
-/// The queue at a glance.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct QueueStatus {
-    pub counts: Vec<StatusCount>,
-    /// Age in seconds of the oldest due PENDING run, by the database clock.
-    pub oldest_pending_seconds: Option<f64>,
-    /// RUNNING runs whose lease has expired.
-    pub expired_leases: i64,
-    /// RUNNING runs older than the given `stale_after` per job.
-    pub stale: Vec<String>,
-}
-
-/// Counts per job and status, the oldest due PENDING run, and stale runs
-/// (RUNNING longer than the job's `stale_after`).
-pub async fn status(
-    pool: &PgPool,
-    stale_after: &[(JobName, Duration)],
-    clock: Clock,
-) -> Result<QueueStatus, QueueError> {
-    let mut stmt = crate::db::statement(pool).await?;
-    let counts = crate::db::query(
-        "SELECT job_name, status, count(*) AS runs FROM batch_job_run \
-         GROUP BY job_name, status ORDER BY job_name, status",
-    )
-    .fetch_all(stmt.conn())
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(StatusCount {
-            job_name: r.try_get("job_name")?,
-            status: r.try_get("status")?,
-            runs: r.try_get("runs")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    stmt.done().await?;
-    let mut stmt = crate::db::statement(pool).await?;
-    let oldest: Option<f64> = crate::db::query_scalar(
-        "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
-         FROM batch_job_run WHERE status = 'PENDING' AND next_run_at <= COALESCE($1, now())",
-    )
-    .bind(clock.bind())
-    .fetch_one(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    let mut stmt = crate::db::statement(pool).await?;
-    let expired: i64 = crate::db::query_scalar(
-        "SELECT count(*) FROM batch_job_run \
-         WHERE status = 'RUNNING' AND lease_expires_at <= COALESCE($1, now())",
-    )
-    .bind(clock.bind())
-    .fetch_one(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    let names: Vec<&str> = stale_after.iter().map(|(n, _)| n.as_str()).collect();
-    let secs: Vec<f64> = stale_after.iter().map(|(_, d)| d.as_secs_f64()).collect();
-    let mut stmt = crate::db::statement(pool).await?;
-    let stale: Vec<String> = crate::db::query_scalar(
-        "SELECT r.job_key FROM batch_job_run r \
-         JOIN unnest($1::text[], $2::float8[]) AS s(job_name, secs) ON s.job_name = r.job_name \
-         WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL \
-           AND r.started_at < COALESCE($3, now()) - make_interval(secs => s.secs) \
-         ORDER BY r.started_at",
-    )
-    .bind(&names)
-    .bind(&secs)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    Ok(QueueStatus {
-        counts,
-        oldest_pending_seconds: oldest,
-        expired_leases: expired,
-        stale,
-    })
-}
-
-/// What a job's stale check needs from its configuration.
-#[derive(Debug, Clone)]
-pub struct StaleSpec {
-    pub job: JobName,
-    pub stale_after: Duration,
-    pub lease_ttl: Duration,
-    /// Under policy `hold`, an expired lease is reported even if the run is
-    /// younger than `stale_after`.
-    pub hold: bool,
-}
-
-/// A RUNNING run past its `stale_after`, or with an expired lease under
-/// policy `hold`, with the evidence an operator needs (DESIGN.md §4.8).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StaleRun {
-    pub job_key: String,
-    pub job_name: String,
-    pub attempt: i32,
-    pub worker_id: Option<String>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub running_seconds: f64,
-    pub lease_expired: bool,
-    pub heartbeat_age_seconds: Option<f64>,
-    pub processed_count: i64,
-    /// Whether processed_count moved since the last heartbeat.
-    pub advanced_since_heartbeat: bool,
-    pub worker_last_seen: Option<DateTime<Utc>>,
-    pub worker_last_seen_age_seconds: Option<f64>,
-    /// A session with the worker's application_name is connected now.
-    pub session_alive: bool,
-    /// `alive-slow`, `dead` or `unknown`.
-    pub conclusion: String,
-}
-
-/// Lists stale runs with evidence and a conclusion per run:
-/// `alive-slow` (its session is connected and its heartbeat is recent),
-/// `dead` (no session, no heartbeat within the lease ttl, worker not seen
-/// within it either), `unknown` (the evidence disagrees: look closer).
-pub async fn stale_runs(
-    pool: &PgPool,
-    specs: &[StaleSpec],
-    clock: Clock,
-) -> Result<Vec<StaleRun>, QueueError> {
-    if specs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
-    let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
-    let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
-    let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        r#"
-        WITH cfg AS (
-            SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bool[])
-                AS c(job_name, stale_secs, ttl_secs, hold)
-        ), t AS (SELECT COALESCE($5, now()) AS now)
-        SELECT r.job_key, r.job_name, r.attempts, r.lease_owner, r.started_at,
-               extract(epoch FROM t.now - r.started_at)::float8 AS running_seconds,
-               r.lease_expires_at <= t.now AS lease_expired,
-               extract(epoch FROM t.now - r.heartbeat_at)::float8 AS heartbeat_age,
-               r.processed_count, r.processed_count > r.heartbeat_processed AS advanced,
-               w.last_seen, extract(epoch FROM t.now - w.last_seen)::float8 AS last_seen_age,
-               EXISTS (SELECT 1 FROM pg_stat_activity a
-                       WHERE a.application_name = r.lease_owner
-                         AND a.datname = current_database()) AS session_alive,
-               cfg.ttl_secs
-        FROM batch_job_run r
-        JOIN cfg ON cfg.job_name = r.job_name
-        CROSS JOIN t
-        LEFT JOIN batch_worker w ON w.worker_id = r.lease_owner
-        -- A lease expiry is set exactly while RUNNING; saying so lets the
-        -- scan use batch_job_run_lease_idx.
-        WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL
-          AND (r.started_at < t.now - make_interval(secs => cfg.stale_secs)
-               OR (cfg.hold AND r.lease_expires_at <= t.now))
-        ORDER BY r.started_at
-        "#,
-    )
-    .bind(&names)
-    .bind(&stale)
-    .bind(&ttls)
-    .bind(&holds)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    rows.iter()
-        .map(|r| {
-            let ttl: f64 = r.try_get("ttl_secs")?;
-            let hb: Option<f64> = r.try_get("heartbeat_age")?;
-            let seen: Option<f64> = r.try_get("last_seen_age")?;
-            let alive: bool = r.try_get("session_alive")?;
-            let recent = |age: Option<f64>| age.is_some_and(|a| a < ttl);
-            let conclusion = if alive && recent(hb) {
-                "alive-slow"
-            } else if !alive && !recent(hb) && !recent(seen) {
-                "dead"
-            } else {
-                "unknown"
-            };
-            Ok(StaleRun {
-                job_key: r.try_get("job_key")?,
-                job_name: r.try_get("job_name")?,
-                attempt: r.try_get("attempts")?,
-                worker_id: r.try_get("lease_owner")?,
-                started_at: r.try_get("started_at")?,
-                running_seconds: r
-                    .try_get::<Option<f64>, _>("running_seconds")?
-                    .unwrap_or(0.0),
-                lease_expired: r
-                    .try_get::<Option<bool>, _>("lease_expired")?
-                    .unwrap_or(false),
-                heartbeat_age_seconds: hb,
-                processed_count: r.try_get("processed_count")?,
-                advanced_since_heartbeat: r.try_get("advanced")?,
-                worker_last_seen: r.try_get("last_seen")?,
-                worker_last_seen_age_seconds: seen,
-                session_alive: alive,
-                conclusion: conclusion.to_owned(),
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(QueueError::from)
 }
 
 /// An operator action (DESIGN.md §4.9).
@@ -1236,9 +1151,11 @@ pub struct OperatorRequest {
     pub reason: String,
     pub force: bool,
     /// For `fail`: the job's `stale_after` (a RUNNING run must be older, or
-    /// its lease expired, unless forced).
+    /// its lease expired, unless forced). The run's own stored value wins;
+    /// this serves only runs the previous release enqueued without one.
     pub stale_after: Duration,
-    /// For `rerun`: attempts granted anew.
+    /// For `rerun`: attempts granted anew. The run's own stored budget wins;
+    /// this serves only runs without one.
     pub max_attempts: u32,
 }
 
@@ -1286,7 +1203,10 @@ async fn check_action(
     clock: Clock,
 ) -> Result<Result<String, Refused>, QueueError> {
     let row: Option<(String, bool)> = crate::db::query_as(
-        "SELECT status, (lease_expires_at <= COALESCE($3, now())                  OR started_at < COALESCE($3, now()) - make_interval(secs => $2)) IS TRUE          FROM batch_job_run WHERE job_key = $1 FOR UPDATE",
+        "SELECT status, (lease_expires_at <= COALESCE($3, now()) \
+                 OR started_at < COALESCE($3, now()) \
+                    - COALESCE(stale_after, make_interval(secs => $2))) IS TRUE \
+         FROM batch_job_run WHERE job_key = $1 FOR UPDATE",
     )
     .bind(req.key.as_str())
     .bind(req.stale_after.as_secs_f64())
@@ -1362,7 +1282,8 @@ pub async fn apply_action(
                                    ELSE r.lease_token END,
                 lease_expires_at = NULL,
                 max_attempts = CASE WHEN $3 = 'PENDING'
-                                    THEN LEAST(r.attempts + $6, 1000) ELSE r.max_attempts END,
+                                    THEN LEAST(r.attempts + COALESCE(r.attempt_budget, $6), 1000)
+                                    ELSE r.max_attempts END,
                 error_message = $4
             WHERE r.job_key = $1 AND r.status = ANY($2)
             RETURNING r.job_key, r.lease_token
@@ -1457,87 +1378,6 @@ pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, Que
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(QueueError::from)
-}
-
-/// Database-derived gauges for one job (the exporter's view).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct JobGauges {
-    pub runs: Vec<(String, i64)>,
-    pub oldest_pending_seconds: f64,
-    pub stale: i64,
-    pub last_success_unix: f64,
-    pub current_attempts: i64,
-    pub expired_leases: i64,
-}
-
-/// Reads every gauge the exporter publishes, for each given job, in one
-/// statement (jobs with no runs get zeros, so alerts see a series).
-pub async fn gauges(
-    pool: &PgPool,
-    specs: &[StaleSpec],
-    clock: Clock,
-) -> Result<Vec<(JobName, JobGauges)>, QueueError> {
-    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
-    let stale: Vec<f64> = specs.iter().map(|s| s.stale_after.as_secs_f64()).collect();
-    let holds: Vec<bool> = specs.iter().map(|s| s.hold).collect();
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        r#"
-        WITH cfg AS (
-            SELECT * FROM unnest($1::text[], $2::float8[], $3::bool[]) AS c(job_name, stale_secs, hold)
-        ), t AS (SELECT COALESCE($4, now()) AS now)
-        SELECT cfg.job_name,
-          (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb) FROM
-             (SELECT status, count(*) AS n FROM batch_job_run r
-              WHERE r.job_name = cfg.job_name GROUP BY status) s) AS runs,
-          (SELECT coalesce(extract(epoch FROM t.now - min(next_run_at)), 0)::float8
-             FROM batch_job_run r WHERE r.job_name = cfg.job_name
-              AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
-          (SELECT count(*) FROM batch_job_run r WHERE r.job_name = cfg.job_name
-              AND status = 'RUNNING' AND lease_expires_at IS NOT NULL
-              AND (started_at < t.now - make_interval(secs => cfg.stale_secs)
-                   OR (cfg.hold AND lease_expires_at <= t.now))) AS stale,
-          (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
-             FROM batch_job_run r WHERE r.job_name = cfg.job_name
-              AND status = 'SUCCEEDED') AS last_success,
-          (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
-             WHERE r.job_name = cfg.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
-          (SELECT count(*) FROM batch_job_run r WHERE r.job_name = cfg.job_name
-              AND status = 'RUNNING' AND lease_expires_at <= t.now) AS expired
-        FROM cfg CROSS JOIN t
-        "#,
-    )
-    .bind(&names)
-    .bind(&stale)
-    .bind(&holds)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    rows.iter()
-        .map(|r| {
-            let name: String = r.try_get("job_name")?;
-            let runs: serde_json::Value = r.try_get("runs")?;
-            let runs = RunStatus::ALL
-                .iter()
-                .map(|st| {
-                    let n = runs.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
-                    (st.as_str().to_owned(), n)
-                })
-                .collect();
-            Ok((
-                JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
-                JobGauges {
-                    runs,
-                    oldest_pending_seconds: r.try_get("oldest")?,
-                    stale: r.try_get("stale")?,
-                    last_success_unix: r.try_get("last_success")?,
-                    current_attempts: r.try_get("attempts")?,
-                    expired_leases: r.try_get("expired")?,
-                },
-            ))
-        })
-        .collect()
 }
 
 /// The job name of `preflight`'s scratch runs; only these can be deleted.
