@@ -219,11 +219,14 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    chrono::DateTime::parse_from_rfc3339(s)
+    let t = chrono::DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&chrono::Utc))
         .map_err(|_| {
             format!("invalid instant {s:?}: expected RFC 3339, e.g. 2026-09-15T01:00:00+09:00")
-        })
+        })?;
+    // The same range as every business date, so the producer plans only
+    // dates that `enqueue` accepts.
+    crate::key::check_instant(t).map_err(|e| e.to_string())
 }
 
 /// Runs the command line with the given job kinds; the `batchonce` binary's
