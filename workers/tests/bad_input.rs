@@ -445,6 +445,10 @@ fn bad_config() -> impl Strategy<Value = (String, Vec<u8>)> {
         Just("[]".to_owned()),
         Just("\"Mars/Olympus_Mons\"".to_owned()),
         Just("\"61 * * * *\"".to_owned()),
+        // Schedules that can never fire.
+        Just("\"0 1 31 2 *\"".to_owned()),
+        Just("\"0 0 31 4,6,9,11 *\"".to_owned()),
+        Just("\"0 0 31 2 +1\"".to_owned()),
         Just("\"400000d\"".to_owned()),
         bad_duration().prop_map(|s| toml::Value::String(s).to_string()),
     ];
@@ -535,6 +539,14 @@ async fn generated_config_files_are_refused_and_change_nothing() {
         )
         .into_bytes(),
     ));
+    // A schedule that can never fire, which the generator pairs with the
+    // `schedule` key only by chance.
+    for never in ["0 1 31 2 *", "0 0 31 2 +1"] {
+        cases.push((
+            format!("schedule = {never:?}"),
+            format!("[jobs.daily-settlement]\nschedule = {never:?}\n").into_bytes(),
+        ));
+    }
     cases.push((
         "an unknown table".into(),
         b"[workers]\ncount = 3\n".to_vec(),
