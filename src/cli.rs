@@ -219,11 +219,14 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    chrono::DateTime::parse_from_rfc3339(s)
+    let t = chrono::DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&chrono::Utc))
         .map_err(|_| {
             format!("invalid instant {s:?}: expected RFC 3339, e.g. 2026-09-15T01:00:00+09:00")
-        })
+        })?;
+    // The same range as every business date, so the producer plans only
+    // dates that `enqueue` accepts.
+    crate::key::check_instant(t).map_err(|e| e.to_string())
 }
 
 /// Runs the command line with the given job kinds; the `batchonce` binary's
@@ -992,21 +995,14 @@ async fn wait_for_schema(
     }
 }
 
+/// The rule is `text::operator`'s, shared with any other entry point.
 fn validate_operator(s: &str) -> anyhow::Result<String> {
-    let s = s.trim();
-    if s.is_empty() || s.chars().count() > 80 || s.chars().any(|c| c.is_control()) {
-        bail!("invalid --operator {s:?}: give who you are, 1-80 printable characters");
-    }
-    Ok(s.to_owned())
+    crate::text::operator(s).map_err(|e| anyhow!("invalid --operator: {e}"))
 }
 
+/// The rule is `text::reason`'s, shared with any other entry point.
 fn validate_reason(s: &str) -> anyhow::Result<String> {
-    let s = s.trim();
-    let n = s.chars().count();
-    if !(3..=500).contains(&n) || s.chars().any(|c| c.is_control() && c != ' ') {
-        bail!("invalid --reason: say why in 3-500 printable characters (no control characters)");
-    }
-    Ok(s.to_owned())
+    crate::text::reason(s).map_err(|e| anyhow!("invalid --reason: {e}"))
 }
 
 fn validate_worker_id(id: &str) -> anyhow::Result<String> {

@@ -723,6 +723,33 @@ mod tests {
     }
 
     #[test]
+    fn a_schedule_that_never_fires_is_refused_at_parse_time() {
+        let e = err("[jobs.daily-settlement]\nschedule = \"0 1 31 2 *\"");
+        assert!(
+            e.contains("`jobs.daily-settlement.schedule`: \"0 1 31 2 *\" never fires (there is no 31 February)"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        for never in [
+            "0 0 30 2 *",
+            "0 0 31 4 *",
+            "0 0 31 4,6,9,11 *",
+            "0 0 31 2 +1",
+        ] {
+            let e = err(&format!("[jobs.daily-settlement]\nschedule = \"{never}\""));
+            assert!(
+                e.contains("`jobs.daily-settlement.schedule`") && e.contains("never fires"),
+                "{never}: {e}"
+            );
+        }
+        // Leap days and cron's OR of the two day fields stay valid.
+        for rare in ["0 0 29 2 *", "0 0 31 2 1", "0 0 * 2 1#5"] {
+            let text = format!("[jobs.daily-settlement]\nschedule = \"{rare}\"");
+            assert!(Config::parse(&text, "t.toml", &kinds()).is_ok(), "{rare}");
+        }
+    }
+
+    #[test]
     fn parses_a_full_table() {
         let c = Config::parse(
             r#"

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use chrono::NaiveDate;
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 
 /// Longest job key the schema accepts (`varchar(120)`).
 pub const MAX_KEY_LEN: usize = 120;
@@ -21,6 +21,8 @@ pub enum KeyError {
     Date(String),
     #[error("date {0} is out of range: business dates run from 1970-01-01 to 2199-12-31")]
     DateRange(String),
+    #[error("instant {0} is out of range: business dates run from 1970-01-01 to 2199-12-31, so an instant must be at or after 1970-01-01T00:00:00Z and before 2200-01-01T00:00:00Z")]
+    InstantRange(String),
 }
 
 /// How much of a rejected input an error message repeats.
@@ -51,6 +53,30 @@ pub fn date_range() -> (NaiveDate, NaiveDate) {
         NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default(),
         NaiveDate::from_ymd_opt(2199, 12, 31).unwrap_or_default(),
     )
+}
+
+/// The instants of [`date_range`] in UTC, as `[first, end)`: from the first
+/// moment of 1970-01-01 to the first moment after 2199-12-31.
+pub fn instant_range() -> (DateTime<Utc>, DateTime<Utc>) {
+    let (min, max) = date_range();
+    let end = max.succ_opt().unwrap_or(max);
+    (
+        min.and_time(chrono::NaiveTime::MIN).and_utc(),
+        end.and_time(chrono::NaiveTime::MIN).and_utc(),
+    )
+}
+
+/// Checks that an instant given for "now" (such as `produce --now`) lies
+/// in [`instant_range`], so that it names a moment the business dates can
+/// describe.
+pub fn check_instant(t: DateTime<Utc>) -> Result<DateTime<Utc>, KeyError> {
+    let (first, end) = instant_range();
+    if t < first || t >= end {
+        return Err(KeyError::InstantRange(
+            t.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+        ));
+    }
+    Ok(t)
 }
 
 /// A validated job name such as `daily-settlement`.
@@ -169,6 +195,41 @@ mod tests {
                 "{far:?}"
             );
         }
+    }
+
+    #[test]
+    fn instants_span_the_business_dates_in_utc() {
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+        for ok in [
+            "1970-01-01T00:00:00Z",
+            "2026-09-15T01:00:00+09:00",
+            "2199-12-31T23:59:59.999999999Z",
+            // 2200-01-01 in Seoul, still 2199-12-31 in UTC.
+            "2200-01-01T08:59:59+09:00",
+        ] {
+            assert_eq!(check_instant(t(ok)), Ok(t(ok)), "{ok}");
+        }
+        for far in [
+            "1969-12-31T23:59:59.999Z",
+            "1969-12-31T00:00:00Z",
+            // 1970-01-01 in Seoul, still 1969-12-31 in UTC.
+            "1970-01-01T08:00:00+09:00",
+            "2200-01-01T00:00:00Z",
+            "0001-01-01T00:00:00Z",
+            "9999-12-31T23:59:59Z",
+        ] {
+            assert!(
+                matches!(check_instant(t(far)), Err(KeyError::InstantRange(_))),
+                "{far}"
+            );
+        }
+        assert_eq!(
+            check_instant(t("1970-01-01T08:00:00+09:00")).unwrap_err().to_string(),
+            "instant 1969-12-31T23:00:00Z is out of range: business dates run from 1970-01-01 to 2199-12-31, so an instant must be at or after 1970-01-01T00:00:00Z and before 2200-01-01T00:00:00Z"
+        );
+        let (first, end) = instant_range();
+        assert_eq!(first.date_naive(), date_range().0);
+        assert_eq!(end.date_naive().pred_opt(), Some(date_range().1));
     }
 
     #[test]

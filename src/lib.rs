@@ -23,6 +23,7 @@ pub mod schedule;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod text;
 pub mod worker;
 pub mod worker_registry;
 

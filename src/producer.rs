@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::clock::Clock;
 use crate::config::{Config, JobConfig};
 use crate::context::{PeriodError, RunContext};
-use crate::key::{JobKey, JobName};
+use crate::key::{self, JobKey, JobName};
 use crate::queue::{self, NewRun, QueueError};
 use crate::schedule::{self, Covers, Period};
 
@@ -104,8 +104,12 @@ pub struct JobPlan {
     pub truncated: bool,
 }
 
-/// Every period of `job` whose firing falls in `(now - catch_up, now]`;
-/// `None` for a job the producer does not schedule.
+/// Every period of `job` whose firing falls in `(now - catch_up, now]` and
+/// whose business date lies in [`key::date_range`]: a window that starts
+/// before 1970-01-01 is clamped to its first instant, and a period outside
+/// the range (a local date before 1970 west of UTC, or after 2199 east of
+/// it) is never planned, so the producer enqueues only dates that
+/// `enqueue` accepts. `None` for a job the producer does not schedule.
 pub fn plan(
     job: &JobName,
     cfg: &JobConfig,
@@ -122,11 +126,24 @@ pub fn plan(
     } else {
         window
     };
-    let window_start = now - window;
-    let (firings, truncated) = sched.firings(cfg.timezone, window_start, now, MAX_PERIODS_PER_TICK);
+    let (first, end) = key::instant_range();
+    let unclamped = now.checked_sub_signed(window).unwrap_or(first);
+    let window_start = unclamped.max(first);
+    // The window is exclusive at its start: a clamped one takes a firing
+    // at 1970-01-01T00:00:00Z itself. The end is clamped too, so the walk
+    // never reaches instants that chrono cannot shift by a day.
+    let after = if unclamped < first {
+        first - chrono::Duration::microseconds(1)
+    } else {
+        window_start
+    };
+    let upto = now.min(end - chrono::Duration::nanoseconds(1));
+    let (firings, truncated) = sched.firings(cfg.timezone, after, upto, MAX_PERIODS_PER_TICK);
+    let (min, max) = key::date_range();
     let mut periods: Vec<Period> = firings
         .into_iter()
         .map(|f| schedule::period_of(&f, cfg.timezone, cfg.covers))
+        .filter(|p| (min..=max).contains(&p.date))
         .collect();
     periods.dedup();
     Ok(Some(JobPlan {

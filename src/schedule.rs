@@ -11,7 +11,9 @@
 
 use std::str::FromStr;
 
-use chrono::{DateTime, Days, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Timelike, Utc};
+use chrono::{
+    DateTime, Datelike, Days, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Timelike, Utc,
+};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
@@ -110,6 +112,9 @@ impl CronSchedule {
             .build()
             .parse(text)
             .map_err(|e| format!("invalid cron expression {text:?}: {e}"))?;
+        if first_firing_date(&cron).is_none() {
+            return Err(never_fires(text, &cron));
+        }
         Ok(Self {
             text: text.to_owned(),
             cron,
@@ -161,6 +166,109 @@ impl CronSchedule {
             });
         }
         (out, false)
+    }
+}
+
+/// The years the never-fires check walks. Without a year field, whether a
+/// cron expression matches a date depends only on its month, day, weekday
+/// and the month's length, so only on the kind of its year: the weekday of
+/// 1 January, and leap or not. There are 14 kinds, and these 30 years, with
+/// no century year among them, hold all of them (a test checks it), among
+/// them every kind of 1970-2199, 2100 (not a leap year) included. So an
+/// expression that never matches here never matches a business date, and
+/// the walk is at most 30 × 366 days, whatever the expression.
+const PROBE_YEARS: std::ops::RangeInclusive<i32> = 2026..=2055;
+
+/// The first date in [`PROBE_YEARS`] on which `cron` fires, by croner's own
+/// rules for the day fields (day-of-month OR day-of-week when both are
+/// given, AND with a `+` day-of-week, `L`, `W`, `#`).
+fn first_firing_date(cron: &Cron) -> Option<NaiveDate> {
+    let p = &cron.pattern;
+    // A pattern that parsed has some hour and some minute; checked anyway,
+    // because "fires" means a time of day too.
+    let some_time = (0..24).any(|h| p.hour_match(h).unwrap_or(false))
+        && (0..60).any(|m| p.minute_match(m).unwrap_or(false));
+    if !some_time {
+        return None;
+    }
+    let first = NaiveDate::from_ymd_opt(*PROBE_YEARS.start(), 1, 1)?;
+    let last = NaiveDate::from_ymd_opt(*PROBE_YEARS.end(), 12, 31)?;
+    first
+        .iter_days()
+        .take_while(|d| *d <= last)
+        .filter(|d| p.month_match(d.month()).unwrap_or(false))
+        .find(|d| {
+            p.day_match(d.year(), d.month(), d.day(), weekday(*d))
+                .unwrap_or(false)
+        })
+}
+
+/// croner's weekday of a date.
+fn weekday(d: NaiveDate) -> croner::Weekday {
+    croner::Weekday::from_days_from_sunday(d.weekday().num_days_from_sunday())
+}
+
+/// Why an expression never fires, as specific as the fields allow.
+fn never_fires(text: &str, cron: &Cron) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let p = &cron.pattern;
+    let months: Vec<&str> = (1..=12u32)
+        .filter(|m| p.month_match(*m).unwrap_or(false))
+        .map(|m| MONTHS[m as usize - 1])
+        .collect();
+    // The days of month named, read off a month of 31 days (January 2026).
+    let days: Vec<String> = (1..=31u32)
+        .filter(|d| {
+            NaiveDate::from_ymd_opt(2026, 1, *d)
+                .and_then(|date| p.day_match(2026, 1, *d, weekday(date)).ok())
+                .unwrap_or(false)
+        })
+        .map(|d| d.to_string())
+        .collect();
+    let dom_only = p.is_dow_wildcard() && !p.matches_dom_and_dow();
+    let why = match (dom_only, months.as_slice(), days.as_slice()) {
+        (true, [month], [day]) => format!("there is no {day} {month}"),
+        (true, [], _) | (true, _, []) | (false, _, _) => {
+            return format!(
+                "{text:?} never fires: no date matches its day-of-month, month and day-of-week fields together; check them"
+            )
+        }
+        (true, months, days) => format!(
+            "{} {} no day {}",
+            join(months, "and"),
+            if months.len() == 1 { "has" } else { "have" },
+            join(days, "or")
+        ),
+    };
+    format!("{text:?} never fires ({why}); name a day the month has, or L for its last day")
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn join<S: AsRef<str>>(items: &[S], word: &str) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.as_ref().to_owned(),
+        [rest @ .., last] => format!(
+            "{} {word} {}",
+            rest.iter()
+                .map(|s| s.as_ref())
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.as_ref()
+        ),
     }
 }
 
@@ -363,6 +471,97 @@ mod tests {
         );
         assert_eq!(f.len(), 5);
         assert!(cut);
+    }
+
+    #[test]
+    fn schedules_that_never_fire_are_refused_by_name() {
+        for (text, why) in [
+            ("0 1 31 2 *", "(there is no 31 February)"),
+            ("0 0 30 2 *", "(there is no 30 February)"),
+            ("0 0 31 4 *", "(there is no 31 April)"),
+            ("0 0 31 FEB *", "(there is no 31 February)"),
+            ("* * 31 2 ?", "(there is no 31 February)"),
+            ("0 0 30,31 2 *", "(February has no day 30 or 31)"),
+            (
+                "0 0 31 4,6,9,11 *",
+                "(April, June, September and November have no day 31)",
+            ),
+            ("0 0 31 2,4 *", "(February and April have no day 31)"),
+            // croner's `W` keeps to the month: no weekday near 30 February.
+            ("0 0 30W 2 *", "(there is no 30 February)"),
+            // With `+`, croner requires the day of month AND the weekday.
+            (
+                "0 0 31 2 +1",
+                "no date matches its day-of-month, month and day-of-week fields together",
+            ),
+            ("0 0 1 1 +1#5", "no date matches"),
+        ] {
+            let Err(e) = CronSchedule::parse(text) else {
+                panic!("{text} was accepted");
+            };
+            assert!(e.starts_with(&format!("{text:?} never fires")), "{e}");
+            assert!(e.contains(why), "{text}: {e}");
+            assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn rare_schedules_still_parse() {
+        // (expression, its first firing date from 2026 on, as croner says)
+        for (text, first) in [
+            // Leap years only.
+            ("0 0 29 2 *", "2028-02-29"),
+            // Both day fields without `+`: croner ORs them, like cron, so
+            // this is every Monday in February.
+            ("0 0 31 2 1", "2026-02-02"),
+            ("0 0 31 2 MON", "2026-02-02"),
+            ("0 0 30 2 0", "2026-02-01"),
+            // 29 February on a Thursday: once in 28 years (2052).
+            ("0 0 29 2 +4", "2052-02-29"),
+            ("0 0 29 2 +5", "2036-02-29"),
+            // A fifth Monday in February: leap years starting on a Monday.
+            ("0 0 * 2 1#5", "2044-02-29"),
+            ("0 0 L 2 *", "2026-02-28"),
+            ("0 0 31 * *", "2026-01-31"),
+            ("0 0 1W 2 *", "2026-02-02"),
+        ] {
+            let s = CronSchedule::parse(text).unwrap_or_else(|e| panic!("{e}"));
+            let walked = first_firing_date(&s.cron).unwrap();
+            assert_eq!(walked.to_string(), first, "{text}");
+            // The walk agrees with croner's own search.
+            let start = NaiveDate::from_ymd_opt(2026, 1, 1)
+                .unwrap()
+                .and_time(NaiveTime::MIN);
+            let next = s.cron.find_next_occurrence(&start, true).unwrap();
+            assert_eq!(next.date(), walked, "{text}");
+        }
+        // The OR rule fires on every February Monday and on no other day.
+        let s = CronSchedule::parse("0 0 31 2 1").unwrap();
+        let (f, _) = s.firings(
+            Tz::UTC,
+            utc("2026-01-01T00:00:00Z"),
+            utc("2027-01-01T00:00:00Z"),
+            100,
+        );
+        let days: Vec<String> = f.iter().map(|f| f.at.date_naive().to_string()).collect();
+        assert_eq!(
+            days,
+            ["2026-02-02", "2026-02-09", "2026-02-16", "2026-02-23"]
+        );
+    }
+
+    #[test]
+    fn the_probe_years_hold_every_kind_of_year_of_the_business_dates() {
+        let kind = |y: i32| {
+            let jan1 = NaiveDate::from_ymd_opt(y, 1, 1).unwrap().weekday();
+            (jan1, NaiveDate::from_ymd_opt(y, 2, 29).is_some())
+        };
+        let probed: std::collections::HashSet<_> = PROBE_YEARS.map(kind).collect();
+        assert_eq!(probed.len(), 14);
+        let (min, max) = crate::key::date_range();
+        for y in min.year()..=max.year() {
+            assert!(probed.contains(&kind(y)), "{y}");
+        }
     }
 
     #[test]

@@ -193,3 +193,131 @@ fn backfill_ranges_are_bounded() {
         .unwrap_err()
         .contains("limit is 366"));
 }
+
+fn keys_of(plan: &producer::JobPlan) -> Vec<String> {
+    plan.runs.iter().map(|r| r.key.to_string()).collect()
+}
+
+fn utc(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+#[test]
+fn a_window_crossing_1970_plans_only_dates_in_range() {
+    let name = job("daily-settlement");
+    // 01:00 in Seoul covering the day before, a 7-day window from
+    // 1970-01-03 02:00 KST: the firings of 1969 are clamped away.
+    let p = producer::plan(&name, &settlement(), utc("1970-01-03T02:00:00+09:00")).unwrap().unwrap();
+    assert_eq!(
+        keys_of(&p),
+        vec!["daily-settlement:1970-01-01", "daily-settlement:1970-01-02"]
+    );
+    assert_eq!(p.window_start, utc("1970-01-01T00:00:00Z"));
+    // West of UTC an in-range instant can still be a 1969 local date: the
+    // 20:00 firing of 1969-12-31 in New York is 1970-01-01T01:00Z.
+    let evening = JobConfig {
+        timezone: chrono_tz::America::New_York,
+        schedule: Some(CronSchedule::parse("0 20 * * *").unwrap()),
+        covers: Covers::SameDay,
+        catch_up: Duration::from_secs(3 * 86_400),
+        ..JobConfig::default()
+    };
+    let p = producer::plan(&name, &evening, utc("1970-01-02T02:00:00Z")).unwrap().unwrap();
+    assert_eq!(keys_of(&p), vec!["daily-settlement:1970-01-01"]);
+    // A clamped window still takes a firing at its first instant.
+    let quarters = JobConfig {
+        schedule: Some(CronSchedule::parse("*/15 * * * *").unwrap()),
+        covers: Covers::Firing,
+        catch_up: Duration::from_secs(3600),
+        ..JobConfig::default()
+    };
+    let p = producer::plan(&name, &quarters, utc("1970-01-01T00:10:00Z")).unwrap().unwrap();
+    assert_eq!(keys_of(&p), vec!["daily-settlement:1970-01-01T00:00"]);
+    // Wholly before the range: nothing.
+    let p = producer::plan(&name, &settlement(), utc("1969-06-01T00:00:00Z")).unwrap().unwrap();
+    assert!(p.runs.is_empty());
+}
+
+#[test]
+fn the_last_day_of_the_range_is_planned_and_nothing_after_it() {
+    let name = job("daily-settlement");
+    // The 01:00 KST firing of 2200-01-01 (2199-12-31T16:00Z) covers 2199-12-31.
+    let p = producer::plan(&name, &settlement(), utc("2200-01-01T01:30:00+09:00")).unwrap().unwrap();
+    assert_eq!(
+        keys_of(&p).last().map(String::as_str),
+        Some("daily-settlement:2199-12-31")
+    );
+    assert_eq!(p.runs.len(), 7);
+    // East of UTC an in-range instant can be a 2200 local date: 08:00 KST
+    // on 2200-01-01 is 2199-12-31T23:00Z.
+    let morning = JobConfig {
+        timezone: chrono_tz::Asia::Seoul,
+        schedule: Some(CronSchedule::parse("0 8 * * *").unwrap()),
+        covers: Covers::SameDay,
+        catch_up: Duration::from_secs(3 * 86_400),
+        ..JobConfig::default()
+    };
+    // The window's three firings cover 2199-12-30, 2199-12-31 and
+    // 2200-01-01; the last is not planned.
+    let p = producer::plan(&name, &morning, utc("2199-12-31T23:30:00Z")).unwrap().unwrap();
+    assert_eq!(
+        keys_of(&p),
+        vec!["daily-settlement:2199-12-30", "daily-settlement:2199-12-31"]
+    );
+    // Past the range, and at the ends of chrono's range: nothing, no panic.
+    for now in [
+        utc("2200-01-08T00:00:00Z"),
+        utc("4999-06-01T00:00:00Z"),
+        DateTime::<Utc>::MAX_UTC,
+        DateTime::<Utc>::MIN_UTC,
+    ] {
+        assert!(
+            producer::plan(&name, &morning, now)
+                .unwrap()
+                .unwrap()
+                .runs
+                .is_empty(),
+            "{now}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn enqueue_and_produce_agree_on_the_edges_of_the_date_range() {
+    let db = TestDb::new(&[]).await;
+    let name = job("daily-settlement");
+    let cfg = config(vec![("daily-settlement", settlement())]);
+    let c = cfg.job(&name).unwrap();
+    // The way `enqueue --date D` goes: parse_date, then the producer's keys.
+    let by_hand = |date: &str| -> Result<Vec<queue::NewRun>, batchonce::key::KeyError> {
+        let d = batchonce::key::parse_date(date)?;
+        let periods = producer::periods_for_dates(c, &[d]).unwrap();
+        Ok(producer::runs_for_periods(&name, c, &periods).unwrap())
+    };
+    for (now, first_in, first_out) in [
+        ("1970-01-03T02:00:00+09:00", "1970-01-01", "1969-12-31"),
+        ("2200-01-01T01:30:00+09:00", "2199-12-31", "2200-01-01"),
+    ] {
+        let r = producer::tick(&db.pool, &cfg, at(now)).await.unwrap();
+        let produced = format!("daily-settlement:{first_in}");
+        assert!(r[0].enqueued.contains(&produced), "{now}: {r:?}");
+        // The edge date the producer enqueued is accepted by hand, as a
+        // duplicate; the one beyond it is refused by hand and was never
+        // produced.
+        let runs = by_hand(first_in).unwrap();
+        let again = queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+        assert!(again.enqueued.is_empty(), "{first_in} was not a duplicate");
+        assert!(matches!(
+            by_hand(first_out),
+            Err(batchonce::key::KeyError::DateRange(_))
+        ));
+    }
+    let outside: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM batch_job_run \
+         WHERE business_date NOT BETWEEN '1970-01-01' AND '2199-12-31'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(outside, 0);
+}

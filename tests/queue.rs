@@ -164,6 +164,80 @@ async fn schema_checks_reject_bad_rows_by_name() {
     }
 }
 
+#[tokio::test]
+async fn audit_rows_refuse_characters_that_disguise_text() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(&db.pool, &[run(0, 3)], Clock::Db)
+        .await
+        .unwrap();
+    let key = run(0, 3).key;
+    let insert = |operator: String, reason: String| {
+        let pool = db.pool.clone();
+        let key = key.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO batch_operator_action \
+                 (operator, action, job_key, reason, before_status, after_status) \
+                 VALUES ($1, 'skip', $2, $3, 'PENDING', 'SKIPPED')",
+            )
+            .bind(operator)
+            .bind(key.as_str())
+            .bind(reason)
+            .execute(&pool)
+            .await
+        }
+    };
+    // Every character the migration names, at both ends of each range.
+    let refused = [
+        '\u{1}', '\u{9}', '\u{a}', '\u{1f}', '\u{7f}', '\u{80}', '\u{9f}', '\u{ad}', '\u{61c}',
+        '\u{200b}', '\u{200f}', '\u{2028}', '\u{2029}', '\u{202a}', '\u{202e}', '\u{2060}',
+        '\u{2064}', '\u{2066}', '\u{2069}', '\u{feff}',
+    ];
+    for c in refused {
+        let spoofed = format!("adm{c}in");
+        let err = insert(spoofed.clone(), "a reason".into())
+            .await
+            .unwrap_err();
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(
+            db_err.constraint(),
+            Some("batch_operator_action_operator_printable"),
+            "U+{:04X}",
+            c as u32
+        );
+        let err = insert("kim".into(), spoofed).await.unwrap_err();
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(
+            db_err.constraint(),
+            Some("batch_operator_action_reason_printable"),
+            "U+{:04X}",
+            c as u32
+        );
+    }
+    // Ordinary text of any script, and the neighbours of the refused ranges,
+    // are written (src/text.rs refuses more, U+2065 among them, before a
+    // row is ever sent).
+    for ok in [
+        "김민준",
+        "Ärger-Müller",
+        "a b",
+        "a\u{a0}b",
+        "a\u{2010}b",
+        "a\u{202f}b",
+        "a\u{2065}b",
+    ] {
+        insert(ok.into(), format!("why: {ok}")).await.unwrap();
+    }
+    // Added NOT VALID: rows from before the migration are not checked.
+    let validated: Vec<bool> = sqlx::query_scalar(
+        "SELECT convalidated FROM pg_constraint WHERE conname LIKE 'batch_operator_action_%_printable' ORDER BY conname",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(validated, vec![false, false]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_are_exclusive() {
     let db = TestDb::new(&[]).await;

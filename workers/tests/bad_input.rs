@@ -1,10 +1,10 @@
-//! Bad input, generated: job names, keys, dates, reasons, operators,
-//! durations and config values with SQL metacharacters, NUL bytes,
-//! confusable Unicode, control characters, huge strings and out-of-range
-//! values, through every command-line argument and config key. Each must get
-//! one short error line and a non-zero exit, never a panic, and leave the
-//! database exactly as it was (a checksum of every batchonce table and the
-//! items, before and after).
+//! Bad input, generated: job names, keys, dates, instants, reasons,
+//! operators, durations and config values with SQL metacharacters, NUL
+//! bytes, confusable Unicode, control, bidi and zero-width characters, huge
+//! strings and out-of-range values, through every command-line argument and
+//! config key. Each must get one short error line and a non-zero exit, never
+//! a panic, and leave the database exactly as it was (a checksum of every
+//! batchonce table and the items, before and after).
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -123,7 +123,9 @@ fn nasty() -> impl Strategy<Value = String> {
 }
 
 /// Never a valid --reason (3-500 printable characters) nor --operator
-/// (1-80 printable characters).
+/// (1-80 printable characters): empty, too long, or carrying a control,
+/// format (bidi, zero-width, BOM), separator or private-use character
+/// inside otherwise ordinary text, where trimming cannot remove it.
 fn bad_text() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("".to_owned()),
@@ -132,7 +134,41 @@ fn bad_text() -> impl Strategy<Value = String> {
         Just("line\nbreak".to_owned()),
         Just("bell\u{7}".to_owned()),
         Just("del\u{7f}".to_owned()),
+        Just("c1\u{9b}31m".to_owned()),
+        Just("adm\u{202e}nimda".to_owned()),
+        Just("kim\u{200b}lee".to_owned()),
+        Just("\u{feff}kim".to_owned()),
+        Just("k\u{2066}im\u{2069}".to_owned()),
+        Just("kim\u{2028}lee".to_owned()),
+        Just("soft\u{ad}hyphen".to_owned()),
+        Just("private\u{e000}use".to_owned()),
+        Just("unassigned\u{378}".to_owned()),
+        "[a-z가-힣]{1,8}[\\p{Cf}\\p{Zl}\\p{Zp}\\p{Co}][a-z가-힣 ]{0,8}[a-z가-힣]",
         (501usize..3000).prop_map(|n| "이".repeat(n)),
+    ]
+}
+
+/// Never a valid `--now`: before 1970-01-01T00:00:00Z or from
+/// 2200-01-01T00:00:00Z on (the business dates' range in UTC), or no
+/// RFC 3339 instant at all.
+fn bad_instant() -> impl Strategy<Value = String> {
+    let rfc3339 = |secs: i64| {
+        chrono::DateTime::from_timestamp(secs, 0)
+            .expect("within chrono's range")
+            .to_rfc3339()
+    };
+    prop_oneof![
+        Just("1969-12-31T00:00:00Z".to_owned()),
+        Just("1969-12-31T23:59:59.999Z".to_owned()),
+        Just("1970-01-01T08:59:59+09:00".to_owned()),
+        Just("2200-01-01T00:00:00Z".to_owned()),
+        Just("2199-12-31T23:00:00-01:00".to_owned()),
+        Just("0001-01-01T00:00:00Z".to_owned()),
+        Just("9999-12-31T23:59:59Z".to_owned()),
+        // 0001-01-01 to 1969-12-31T23:59:59Z, and 2200-01-01 to 9999-12-31.
+        (-62_135_596_800i64..0).prop_map(rfc3339),
+        (7_258_118_400i64..253_402_300_800).prop_map(rfc3339),
+        nasty(),
     ]
 }
 
@@ -219,10 +255,11 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
         bad_text(),
         bad_id(),
         bad_number(),
+        bad_instant(),
         0usize..25,
     );
     let cases = sample(strategy, 64);
-    for (s, date, dur, text, id, num, pick) in cases {
+    for (s, date, dur, text, id, num, instant, pick) in cases {
         let operator = text.replace("ab", "");
         let args: Vec<&str> = match pick {
             0 => vec!["enqueue", &s, "--date", "2026-09-15"],
@@ -245,15 +282,17 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
                 "--operator",
                 "kim",
             ],
+            // A skip of a PENDING run, which a valid reason would apply:
+            // only the reason can make it fail. (A rerun of it, tried here
+            // before, is refused whatever the reason says.)
             5 => vec![
                 "runs",
-                "rerun",
+                "skip",
                 "daily-settlement:2026-09-15",
                 "--reason",
                 &text,
                 "--operator",
                 "kim",
-                "--force",
             ],
             6 => vec![
                 "runs",
@@ -266,7 +305,7 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
             ],
             7 => vec!["worker", "--grace", &dur],
             8 => vec!["worker", "--poll-interval", &dur],
-            9 => vec!["produce", "--once", "--now", &s],
+            9 => vec!["produce", "--once", "--now", &instant],
             10 => vec!["runs", "list", "--status", &s],
             11 => vec!["worker", "--worker-id", &id],
             12 => vec!["worker", "--listen-url", &s],
@@ -307,6 +346,74 @@ async fn generated_command_line_arguments_are_refused_and_change_nothing() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_and_produce_keep_to_the_same_range_of_business_dates() {
+    let db = db_with_history().await;
+    let before = checksum(&db.pool).await;
+    // An instant outside the range: one line that says what the range is,
+    // and nothing enqueued.
+    for now in ["1969-12-31T00:00:00Z", "2200-01-01T00:00:00Z"] {
+        let out = run(&db, None, &["produce", "--once", "--now", now]);
+        assert_refused(&out, now);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("out of range")
+                && err.contains("1970-01-01")
+                && err.contains("2199-12-31"),
+            "{err}"
+        );
+    }
+    assert_eq!(checksum(&db.pool).await, before);
+    // A window crossing 1970-01-01 (the settlement's 7 days, from 02:00 in
+    // Seoul on 1970-01-03): only dates from 1970-01-01 on.
+    let out = run(
+        &db,
+        None,
+        &["produce", "--once", "--now", "1970-01-03T02:00:00+09:00"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("enqueued daily-settlement:1970-01-01\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("enqueued daily-settlement:1970-01-02\n"),
+        "{stdout}"
+    );
+    let outside: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM batch_job_run \
+         WHERE business_date NOT BETWEEN '1970-01-01' AND '2199-12-31'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(outside, 0, "{stdout}");
+    // The same edge by hand: the produced date is a duplicate, the one
+    // before it is refused.
+    let out = run(
+        &db,
+        None,
+        &["enqueue", "daily-settlement", "--date", "1970-01-01"],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "duplicate daily-settlement:1970-01-01\n"
+    );
+    let mid = checksum(&db.pool).await;
+    let out = run(
+        &db,
+        None,
+        &["enqueue", "daily-settlement", "--date", "1969-12-31"],
+    );
+    assert_refused(&out, "enqueue --date 1969-12-31");
+    assert_eq!(checksum(&db.pool).await, mid);
+}
+
 /// One `[jobs.<job>]` table with one generated key and value.
 fn bad_config() -> impl Strategy<Value = (String, Vec<u8>)> {
     let keys = prop_oneof![
@@ -338,6 +445,10 @@ fn bad_config() -> impl Strategy<Value = (String, Vec<u8>)> {
         Just("[]".to_owned()),
         Just("\"Mars/Olympus_Mons\"".to_owned()),
         Just("\"61 * * * *\"".to_owned()),
+        // Schedules that can never fire.
+        Just("\"0 1 31 2 *\"".to_owned()),
+        Just("\"0 0 31 4,6,9,11 *\"".to_owned()),
+        Just("\"0 0 31 2 +1\"".to_owned()),
         Just("\"400000d\"".to_owned()),
         bad_duration().prop_map(|s| toml::Value::String(s).to_string()),
     ];
@@ -428,6 +539,14 @@ async fn generated_config_files_are_refused_and_change_nothing() {
         )
         .into_bytes(),
     ));
+    // A schedule that can never fire, which the generator pairs with the
+    // `schedule` key only by chance.
+    for never in ["0 1 31 2 *", "0 0 31 2 +1"] {
+        cases.push((
+            format!("schedule = {never:?}"),
+            format!("[jobs.daily-settlement]\nschedule = {never:?}\n").into_bytes(),
+        ));
+    }
     cases.push((
         "an unknown table".into(),
         b"[workers]\ncount = 3\n".to_vec(),

@@ -502,8 +502,48 @@ async fn bad_operator_input_is_refused_and_changes_nothing() {
             "add --force",
         ),
     ];
-    let long = "x".repeat(501);
+    // Text that would disguise the audit row: refused by name, never stored.
     let mut cases = cases;
+    cases.extend([
+        (
+            vec![
+                "runs",
+                "fail",
+                KEY,
+                "--reason",
+                "not started",
+                "--operator",
+                "adm\u{202E}in",
+                "--force",
+            ],
+            "invalid --operator: contains U+202E (RIGHT-TO-LEFT OVERRIDE), a formatting character that can disguise text; use printable characters",
+        ),
+        (
+            vec![
+                "runs",
+                "skip",
+                KEY,
+                "--reason",
+                "holiday\u{200B}",
+                "--operator",
+                "kim",
+            ],
+            "invalid --reason: contains U+200B (ZERO WIDTH SPACE)",
+        ),
+        (
+            vec![
+                "runs",
+                "skip",
+                KEY,
+                "--reason",
+                "holiday",
+                "--operator",
+                "kim ",
+            ],
+            "invalid --operator: ends with whitespace, U+0020 (SPACE)",
+        ),
+    ]);
+    let long = "x".repeat(501);
     cases.push((
         vec!["runs", "skip", KEY, "--reason", &long, "--operator", "a"],
         "invalid --reason",
