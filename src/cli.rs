@@ -232,6 +232,7 @@ fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
 /// Runs the command line with the given job kinds; the `batchonce` binary's
 /// whole `main`.
 pub fn main(registry: Registry) -> ExitCode {
+    crate::supervisor::run_if_invoked();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -1,10 +1,13 @@
 //! Command jobs: a job declared in `batchonce.toml` with `command = [...]`
 //! runs that program as its handler, so a batch script in any language runs
-//! exactly once per key without being rewritten. This module owns the child
-//! process: its environment (the run's identity and lease token), its output
-//! (every line into the worker's logs), the exit-code contract, the timeout,
-//! and the process group, which is stopped on shutdown and killed when the
-//! lease is lost, so nothing the script started outlives its lease.
+//! exactly once per key without being rewritten. This module owns the
+//! program's attempt: its environment (the run's identity and lease token),
+//! its output (every line into the worker's logs), the exit-code contract,
+//! the timeout, and when its process group is stopped (SIGTERM and
+//! `kill_grace` on shutdown or timeout, SIGKILL at once when the lease is
+//! lost). The program runs under a supervisor ([`crate::supervisor`]) that
+//! this module keeps renewing from the lease's confirmed extensions, so it is
+//! killed before the lease can expire even if this worker cannot act.
 //!
 //! Exit codes: 0 SUCCEEDED; `skipped_exit_code` (default 3) SKIPPED, with the
 //! last line the program printed as the reason; `fatal_exit_codes` (default
@@ -12,21 +15,20 @@
 //! with backoff until `max_attempts`.
 
 use std::collections::VecDeque;
-use std::os::unix::process::CommandExt as _;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Child;
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{CommandSpec, Config, JobConfig};
-use crate::job::{Job, JobContext, JobError, Outcome, Registry};
+use crate::job::{Job, JobContext, JobError, LeaseRenewal, Outcome, Registry};
 use crate::key::JobName;
+use crate::supervisor::{self, Ending, StartError, Supervised};
 
 /// Lines of output kept for the run's error text.
 const TAIL_LINES: usize = 8;
@@ -123,16 +125,11 @@ pub fn environment(ctx: &JobContext, database_url: Option<&str>) -> Vec<(String,
     env
 }
 
-/// Kills the process group when dropped: when the handler ends, is aborted
-/// (lease lost, grace period over) or panics, nothing the program started
-/// keeps running outside the lease.
-struct GroupGuard(Pid);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        // ESRCH (the group is already gone) is the usual case and fine.
-        let _ = killpg(self.0, Signal::SIGKILL);
-    }
+/// The supervisor's deadline for a lease renewal: a quarter of the ttl
+/// before the earliest expiry, so the program is dead before another worker
+/// can take the run over. A healthy worker renews every third of the ttl.
+fn program_deadline(renewal: LeaseRenewal) -> Instant {
+    renewal.expires_no_earlier_than() - renewal.ttl / 4
 }
 
 async fn run_command(
@@ -141,16 +138,8 @@ async fn run_command(
     database_url: Option<&str>,
 ) -> Result<Outcome, JobError> {
     let program = &spec.argv[0];
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .envs(&spec.env)
-        .envs(environment(ctx, database_url))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // A group of its own, so shutdown and lease loss reach every
-        // process the program starts, and a terminal's ^C does not.
-        .process_group(0);
+    let mut cmd = supervisor::command(supervisor::own_executable(), &spec.argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     if let Some(dir) = &spec.working_dir {
         // Checked here: a missing directory would otherwise be reported by
         // spawn as the program not being found.
@@ -162,53 +151,73 @@ async fn run_command(
         }
         cmd.current_dir(dir);
     }
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (prctl, getppid, _exit).
-    unsafe {
-        cmd.pre_exec(die_with_parent);
-    }
-    let mut cmd = tokio::process::Command::from(cmd);
-    cmd.kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
-    let Some(pid) = child.id() else {
+    let mut renewals = ctx.lease_renewals();
+    let deadline = program_deadline(*renewals.borrow_and_update());
+    if deadline <= Instant::now() {
         return Err(JobError::Retryable(format!(
-            "`{program}` exited before it could be watched"
+            "the lease was too close to its end to start `{program}`"
         )));
-    };
-    let group = Pid::from_raw(pid as i32);
-    let _guard = GroupGuard(group);
-    info!(job_key = %ctx.key, attempt = ctx.attempt, pid, command = ?spec.argv, "command started");
+    }
+    // The supervisor stands between the worker and the program: it kills
+    // the program's group when the renewals below stop, even if this
+    // process is stopped and cannot act.
+    let mut sup =
+        Supervised::spawn(cmd).map_err(|e| JobError::Retryable(format!("`{program}`: {e}")))?;
     let tail = Arc::new(Mutex::new(VecDeque::new()));
     let last_stdout = Arc::new(Mutex::new(None::<String>));
+    let (stdout, stderr) = sup.take_output();
     let out = forward(
-        child.stdout.take(),
+        stdout,
         "stdout",
         ctx,
         tail.clone(),
         Some(last_stdout.clone()),
     );
-    let err = forward(child.stderr.take(), "stderr", ctx, tail.clone(), None);
+    let err = forward(stderr, "stderr", ctx, tail.clone(), None);
+    let env = spec
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(environment(ctx, database_url))
+        .collect();
+    let pid = match sup.start(env, deadline).await {
+        Ok(pid) => pid,
+        Err(e) => {
+            // What the supervisor (or whatever answered) printed explains it.
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                let _ = tokio::join!(out, err);
+            })
+            .await;
+            return Err(start_error(program, e, &tail));
+        }
+    };
+    info!(job_key = %ctx.key, attempt = ctx.attempt, pid, supervisor = sup.id(),
+          command = ?spec.argv, "command started");
 
     enum Stop {
-        Exited(std::io::Result<std::process::ExitStatus>),
         TimedOut,
         Cancelled,
     }
-    let stop = tokio::select! {
-        s = child.wait() => Stop::Exited(s),
-        _ = tokio::time::sleep(spec.timeout) => Stop::TimedOut,
-        _ = ctx.cancelled() => Stop::Cancelled,
+    let timeout = tokio::time::sleep(spec.timeout);
+    tokio::pin!(timeout);
+    let stop = async {
+        tokio::select! {
+            _ = &mut timeout => Stop::TimedOut,
+            _ = ctx.cancelled() => Stop::Cancelled,
+        }
     };
-    let status = match stop {
-        Stop::Exited(s) => s,
-        Stop::Cancelled if ctx.is_lease_lost() => {
-            // Another worker may own the run already: no grace period.
-            let _ = killpg(group, Signal::SIGKILL);
+    let ending = match supervise_until(&mut sup, &mut renewals, stop).await {
+        Ok(ending) => ending,
+        Err(Stop::Cancelled) if ctx.is_lease_lost() => {
+            // Another worker may own the run already: no grace period. The
+            // handle's drop closes the socket and kills the group as well.
+            sup.kill();
             warn!(job_key = %ctx.key, pid, "command killed: lease lost");
             return Err(JobError::LeaseLost);
         }
-        Stop::TimedOut | Stop::Cancelled => {
-            terminate(&mut child, group, spec.kill_grace).await;
+        Err(stop) => {
+            terminate(&mut sup, &mut renewals, spec.kill_grace).await;
+            sup.reap().await;
             let _ = tokio::join!(out, err);
             if matches!(stop, Stop::Cancelled) {
                 warn!(job_key = %ctx.key, pid, "command stopped: shutdown");
@@ -223,15 +232,80 @@ async fn run_command(
             )));
         }
     };
-    // The program has exited; whatever it left running in its group must
-    // not go on outside the lease.
-    let _ = killpg(group, Signal::SIGKILL);
+    // The supervisor has killed whatever the program left in its group.
+    sup.reap().await;
     let _ = tokio::join!(out, err);
-    let status =
-        status.map_err(|e| JobError::Retryable(format!("waiting for `{program}`: {e}")))?;
-    let outcome = map_exit(spec, program, status, &tail, &last_stdout);
-    info!(job_key = %ctx.key, attempt = ctx.attempt, pid, status = %status, "command ended");
-    outcome
+    match ending {
+        Ending::Exited(status) => {
+            let outcome = map_exit(spec, program, status, &tail, &last_stdout);
+            info!(job_key = %ctx.key, attempt = ctx.attempt, pid, status = %status, "command ended");
+            outcome
+        }
+        Ending::Expired => {
+            warn!(job_key = %ctx.key, pid, "command killed by its supervisor: no lease renewal in time");
+            Err(JobError::Retryable(with_tail(
+                format!(
+                    "`{program}` was killed by the supervisor: the worker stopped renewing its \
+                     lease, so the program was stopped before the lease could expire"
+                ),
+                &tail,
+            )))
+        }
+        Ending::Vanished => Err(JobError::Retryable(with_tail(
+            format!("the supervisor of `{program}` died; the program was killed with it"),
+            &tail,
+        ))),
+    }
+}
+
+/// Passes lease renewals on to the supervisor until the program ends
+/// (`Ok`) or `stop` resolves first (`Err`).
+async fn supervise_until<S>(
+    sup: &mut Supervised,
+    renewals: &mut watch::Receiver<LeaseRenewal>,
+    stop: impl std::future::Future<Output = S>,
+) -> Result<Ending, S> {
+    tokio::pin!(stop);
+    // Once the worker stops publishing, the last deadline stands.
+    let mut renewing = true;
+    loop {
+        enum Event<S> {
+            Ended(Ending),
+            Renewed(bool),
+            Stopped(S),
+        }
+        let event = tokio::select! {
+            ending = sup.ending() => Event::Ended(ending),
+            changed = renewals.changed(), if renewing => Event::Renewed(changed.is_ok()),
+            s = &mut stop => Event::Stopped(s),
+        };
+        match event {
+            Event::Ended(ending) => return Ok(ending),
+            Event::Renewed(true) => {
+                sup.renew_until(program_deadline(*renewals.borrow_and_update()));
+            }
+            Event::Renewed(false) => renewing = false,
+            Event::Stopped(s) => return Err(s),
+        }
+    }
+}
+
+/// SIGTERM to the group, then SIGKILL after `grace` if the program is still
+/// there; the supervisor then kills what is left of the group. Renewals go
+/// on meanwhile, so the grace period is not cut short by the deadline.
+async fn terminate(
+    sup: &mut Supervised,
+    renewals: &mut watch::Receiver<LeaseRenewal>,
+    grace: Duration,
+) {
+    sup.term();
+    if supervise_until(sup, renewals, tokio::time::sleep(grace))
+        .await
+        .is_err()
+    {
+        sup.kill();
+        let _ = supervise_until(sup, renewals, std::future::pending::<()>()).await;
+    }
 }
 
 /// The exit-code contract (see the module documentation).
@@ -272,29 +346,11 @@ fn map_exit(
     }
 }
 
-/// SIGTERM to the group, then SIGKILL after `grace` if the program is still
-/// there.
-async fn terminate(child: &mut Child, group: Pid, grace: Duration) {
-    let _ = killpg(group, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = killpg(group, Signal::SIGKILL);
-        let _ = child.wait().await;
+fn start_error(program: &str, e: StartError, tail: &Mutex<VecDeque<String>>) -> JobError {
+    match e {
+        StartError::Program(e) => spawn_error(program, e),
+        e => JobError::Retryable(with_tail(format!("cannot start `{program}`: {e}"), tail)),
     }
-    // Members that ignored SIGTERM after the leader left.
-    let _ = killpg(group, Signal::SIGKILL);
-}
-
-/// Runs in the child before exec: ask the kernel for SIGKILL when the worker
-/// dies, so a SIGKILLed worker leaves no orphan writing outside the lease.
-fn die_with_parent() -> std::io::Result<()> {
-    let parent = nix::unistd::getppid();
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-    // The worker may have died between fork and prctl.
-    if nix::unistd::getppid() != parent {
-        // SAFETY: _exit is async-signal-safe and ends only this child.
-        unsafe { nix::libc::_exit(1) };
-    }
-    Ok(())
 }
 
 fn spawn_error(program: &str, e: std::io::Error) -> JobError {

@@ -5,11 +5,13 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -157,6 +159,25 @@ impl Progress {
     }
 }
 
+/// A lease confirmed extended in the database, by the claim or by a
+/// heartbeat that reported it `extended` (not `busy`, which extends
+/// nothing). The lease then runs at least until `sent + ttl`, because the
+/// database set its expiry from a clock read after the statement was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    /// When the statement was sent, on this process's monotonic clock.
+    pub sent: Instant,
+    /// The lease ttl the statement applied.
+    pub ttl: Duration,
+}
+
+impl LeaseRenewal {
+    /// The earliest instant the lease can expire after this renewal.
+    pub fn expires_no_earlier_than(&self) -> Instant {
+        self.sent + self.ttl
+    }
+}
+
 /// What a handler gets for one attempt.
 #[derive(Debug, Clone)]
 pub struct JobContext {
@@ -181,6 +202,8 @@ pub struct JobContext {
     lost: CancellationToken,
     progress: Arc<Progress>,
     clock: Clock,
+    /// The latest confirmed extension of the lease.
+    renewals: watch::Receiver<LeaseRenewal>,
 }
 
 impl JobContext {
@@ -197,6 +220,7 @@ impl JobContext {
         progress: Arc<Progress>,
         clock: Clock,
     ) -> Self {
+        let ttl = run.lease_ttl;
         Self {
             key: lease.key.clone(),
             job: lease.job.clone(),
@@ -212,6 +236,13 @@ impl JobContext {
             lost: CancellationToken::new(),
             progress,
             clock,
+            // Without a worker publishing renewals, assume the lease began
+            // now and is never extended.
+            renewals: watch::channel(LeaseRenewal {
+                sent: Instant::now(),
+                ttl,
+            })
+            .1,
         }
     }
 
@@ -220,6 +251,20 @@ impl JobContext {
     pub fn with_lease_lost(mut self, lost: CancellationToken) -> Self {
         self.lost = lost;
         self
+    }
+
+    /// The renewals the worker publishes: the claim first, then every
+    /// heartbeat that extended the lease.
+    pub fn with_lease_renewals(mut self, renewals: watch::Receiver<LeaseRenewal>) -> Self {
+        self.renewals = renewals;
+        self
+    }
+
+    /// The lease's confirmed extensions, for a handler that must stop
+    /// something outside the database before the lease can expire (a
+    /// command job's supervisor).
+    pub fn lease_renewals(&self) -> watch::Receiver<LeaseRenewal> {
+        self.renewals.clone()
     }
 
     /// The lease is gone: nothing this attempt writes can commit.

@@ -20,6 +20,7 @@ pub mod producer;
 pub mod queue;
 pub mod roles;
 pub mod schedule;
+pub mod supervisor;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;

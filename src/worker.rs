@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 use crate::clock::Clock;
 use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
 use crate::context::RunContext;
-use crate::job::{JobContext, JobError, Outcome, Progress, Registry};
+use crate::job::{JobContext, JobError, LeaseRenewal, Outcome, Progress, Registry};
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
 use crate::telemetry;
@@ -75,6 +75,8 @@ struct Held {
     /// What the handler sees: shutdown or lease lost.
     cancel: CancellationToken,
     last_ok: Instant,
+    /// Confirmed extensions of the lease, for the handler.
+    renewed: watch::Sender<LeaseRenewal>,
 }
 
 struct Shared {
@@ -227,6 +229,8 @@ pub async fn run(
         }
         let free = permits.available_permits();
         if free > 0 {
+            // Before the statement: the leases it grants last at least ttl from here.
+            let claim_sent = Instant::now();
             match queue::claim(&pool, &opts.worker_id, &specs, free as u32, Clock::Db).await {
                 Ok(leases) => {
                     backoff.reset();
@@ -236,7 +240,7 @@ pub async fn run(
                             break;
                         };
                         let shared = shared.clone();
-                        tasks.spawn(execute(shared, lease, permit));
+                        tasks.spawn(execute(shared, lease, permit, claim_sent));
                     }
                 }
                 Err(e) => {
@@ -350,7 +354,12 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
 
 /// One attempt, from claimed lease to finish. `slot` is its execution slot,
 /// given back as soon as the handler has returned.
-async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSemaphorePermit) {
+async fn execute(
+    shared: Arc<Shared>,
+    lease: Lease,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    claim_sent: Instant,
+) {
     let file_cfg = job_config(&shared.config, &lease.job);
     let Some(job) = shared.registry.get(&lease.job).cloned() else {
         // Unreachable: claims name only registered jobs. Release it anyway.
@@ -376,6 +385,10 @@ async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSema
     let cfg = run.apply_to(&file_cfg);
     let lost = CancellationToken::new();
     let cancel = shared.signals.shutdown.child_token();
+    let (renewed, renewals) = watch::channel(LeaseRenewal {
+        sent: claim_sent,
+        ttl: cfg.lease_ttl,
+    });
     {
         let mut held = lock(&shared.held);
         held.insert(
@@ -386,6 +399,7 @@ async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSema
                 lost: lost.clone(),
                 cancel: cancel.clone(),
                 last_ok: Instant::now(),
+                renewed,
             },
         );
     }
@@ -400,7 +414,8 @@ async fn execute(shared: Arc<Shared>, lease: Lease, slot: tokio::sync::OwnedSema
         progress.clone(),
         shared.clock,
     )
-    .with_lease_lost(lost.clone());
+    .with_lease_lost(lost.clone())
+    .with_lease_renewals(renewals);
     let started = Instant::now();
     info!(
         job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
@@ -753,6 +768,7 @@ async fn heartbeat_loop(
             .map(|h| h.lease_ttl)
             .min()
             .unwrap_or(every * 3);
+        let sent = Instant::now();
         let result = match tokio::time::timeout(
             min_ttl / 4,
             queue::heartbeat(&pool, &snapshot, shared.clock),
@@ -772,6 +788,14 @@ async fn heartbeat_loop(
         let mut held = lock(&shared.held);
         match result {
             Ok(report) => {
+                for k in &report.extended {
+                    if let Some(h) = held.get(k) {
+                        h.renewed.send_replace(LeaseRenewal {
+                            sent,
+                            ttl: h.lease_ttl,
+                        });
+                    }
+                }
                 for k in report.extended.iter().chain(&report.busy) {
                     if let Some(h) = held.get_mut(k) {
                         h.last_ok = Instant::now();

@@ -125,10 +125,12 @@ async fn wait_dead(pid: i32, what: &str) {
 }
 
 /// A script that starts a background `sleep` in its group, writes both
-/// pids, notes SIGTERM, and waits.
+/// pids, and waits; on SIGTERM it notes `TERM`, cleans up for 1.8s (longer
+/// than the supervisor's deadline of a 2s lease without renewals) and notes
+/// `CLEAN`.
 fn long_script(out: &Path) -> String {
     format!(
-        "trap 'echo TERM >> {o}/term.log; exit 143' TERM; sleep 300 & echo $! > {o}/bg.pid; echo $$ > {o}/sh.pid; wait",
+        "trap 'echo TERM >> {o}/term.log; sleep 1.8; echo CLEAN >> {o}/term.log; exit 143' TERM; sleep 300 & echo $! > {o}/bg.pid; echo $$ > {o}/sh.pid; wait",
         o = out.display()
     )
 }
@@ -354,36 +356,76 @@ async fn a_lost_lease_kills_the_process_group_and_shutdown_stops_it() {
     let bg = wait_pid_file(&out.join("bg.pid")).await;
     assert!(stop(worker).success());
     assert!(!alive(sh) && !alive(bg));
-    assert!(std::fs::read_to_string(out.join("term.log"))
-        .unwrap()
-        .contains("TERM"));
+    // The lease was renewed through kill_grace, so the supervisor let the
+    // program clean up.
+    assert_eq!(
+        std::fs::read_to_string(out.join("term.log")).unwrap(),
+        "TERM\nCLEAN\n"
+    );
     let (status, _, _) = run_row(&db.pool, key).await;
     assert_eq!(status, "PENDING", "released for another worker");
     let log = std::fs::read_to_string(dir.join("w1.log")).unwrap();
     assert!(log.contains("lease lost"), "{log}");
 }
 
+/// The parent of `pid`, from `/proc`.
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A SIGKILLed worker cannot act, but its end of the control socket closes:
+/// the supervisor kills the program's whole group at once, background
+/// children included, and goes.
 #[tokio::test]
 async fn a_sigkilled_worker_takes_its_program_with_it() {
     let db = TestDb::new(&batchonce_workers::migrations()).await;
     let dir = scratch("cmd-pdeathsig");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
     let cfg = dir.join("batchonce.toml");
-    let pid_file = dir.join("sleep.pid");
     std::fs::write(
         &cfg,
         format!(
-            "[jobs.cmd-sleep]\ncommand = [\"sh\", \"-c\", \"echo $$ > {}; exec sleep 300\"]\n",
-            pid_file.display()
+            "[jobs.cmd-sleep]\ncommand = [\"sh\", \"-c\", \"{}\"]\n",
+            long_script(&out)
         ),
     )
     .unwrap();
     enqueue(&db, &cfg, "cmd-sleep");
     let mut worker = spawn_worker(&db, &cfg, &dir, "w1");
-    let pid = wait_pid_file(&pid_file).await;
-    assert!(alive(pid));
+    let sh = wait_pid_file(&out.join("sh.pid")).await;
+    let bg = wait_pid_file(&out.join("bg.pid")).await;
+    let supervisor = parent_of(sh);
+    assert_ne!(
+        supervisor,
+        worker.id() as i32,
+        "the program runs under a supervisor"
+    );
+    assert_eq!(parent_of(supervisor), worker.id() as i32);
+    assert!(alive(sh) && alive(bg));
     worker.kill().unwrap();
     worker.wait().unwrap();
-    wait_dead(pid, "the program of the SIGKILLed worker to die").await;
+    // The supervisor reaps the program: its pid is gone, not a zombie.
+    wait_until(
+        "the program of the SIGKILLed worker to be gone",
+        Duration::from_secs(10),
+        || async move { kill(Pid::from_raw(sh), None) == Err(nix::errno::Errno::ESRCH) },
+    )
+    .await;
+    wait_dead(bg, "its background child to die").await;
+    wait_dead(supervisor, "the supervisor to exit").await;
+    assert!(
+        !out.join("term.log").exists(),
+        "a worker that is gone gets its program killed, not terminated"
+    );
 }
 
 #[tokio::test]
@@ -590,4 +632,166 @@ fn a_command_job_with_bad_config_is_refused_with_one_line() {
             want,
         );
     }
+}
+
+/// Kills the worker processes it holds when dropped, SIGCONT first, so a
+/// failing test leaves no stopped worker behind.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            let _ = kill(Pid::from_raw(w.id() as i32), Signal::SIGCONT);
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+/// `(attempt, nanosecond timestamp)` of every line the overlap script wrote.
+fn stamped_lines(path: &Path) -> Vec<(i32, i64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (a, t) = l.split_once(' ')?;
+            Some((a.parse().ok()?, t.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The issue's acceptance test: the worker holding a command job's lease is
+/// SIGSTOPped while its program runs. The program must be gone before the
+/// lease could expire, so the copy another worker starts after the takeover
+/// never overlaps it, by the programs' own clocks.
+#[tokio::test]
+async fn a_sigstopped_workers_program_is_gone_before_another_copy_starts() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("cmd-overlap");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = dir.join("batchonce.toml");
+    // About 6s of one line every 50ms, then exit 0.
+    let script = "echo $$ > \\\"$OUT/pid.$BATCHONCE_ATTEMPT\\\"; i=0; \
+                  while [ $i -lt 120 ]; do echo \\\"$BATCHONCE_ATTEMPT $(date +%s%N)\\\" >> \\\"$OUT/lines\\\"; \
+                  i=$((i + 1)); sleep 0.05; done";
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.cmd-overlap]\ncommand = [\"sh\", \"-c\", \"{script}\"]\nenv = {{ OUT = \"{}\" }}\n\
+             lease_ttl = \"2s\"\nbackoff = \"200ms\"\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let key = "cmd-overlap:2026-09-15";
+    enqueue(&db, &cfg, "cmd-overlap");
+    let mut workers = Workers(vec![
+        spawn_worker(&db, &cfg, &dir, "w1"),
+        spawn_worker(&db, &cfg, &dir, "w2"),
+    ]);
+    let lines = out.join("lines");
+    let first_pid = wait_pid_file(&out.join("pid.1")).await;
+    wait_until("the first copy to write", Duration::from_secs(30), || {
+        let n = stamped_lines(&lines).len();
+        async move { n >= 3 }
+    })
+    .await;
+    let (owner, token): (String, i64) =
+        sqlx::query_as("SELECT lease_owner, lease_token FROM batch_job_run WHERE job_key = $1")
+            .bind(key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let holder = if owner == "w1" { 0 } else { 1 };
+    let holder_pid = Pid::from_raw(workers.0[holder].id() as i32);
+    kill(holder_pid, Signal::SIGSTOP).unwrap();
+    let stopped_at = unix_nanos();
+    // Until the other worker holds the run and its copy has written, note
+    // the old lease's expiry: its last value is when the lease ran out.
+    let mut expiry_ns = 0i64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (now_token, expires): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT lease_token, (extract(epoch FROM lease_expires_at) * 1e9)::bigint \
+             FROM batch_job_run WHERE job_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if now_token == Some(token) {
+            expiry_ns = expires.unwrap_or(0);
+        } else if stamped_lines(&lines).iter().any(|(a, _)| *a == 2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the other worker did not run its copy within 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Still stopped: its program must already be gone.
+    let first_alive_while_stopped = alive(first_pid);
+    kill(holder_pid, Signal::SIGCONT).unwrap();
+    wait_status(&db.pool, key, &["SUCCEEDED", "FAILED"]).await;
+    for w in workers.0.drain(..) {
+        assert!(stop(w).success());
+    }
+    assert_eq!(run_row(&db.pool, key).await.0, "SUCCEEDED");
+
+    let stamped = stamped_lines(&lines);
+    let last_first = stamped
+        .iter()
+        .filter(|(a, _)| *a == 1)
+        .map(|(_, t)| *t)
+        .max()
+        .unwrap();
+    let first_second = stamped
+        .iter()
+        .filter(|(a, _)| *a == 2)
+        .map(|(_, t)| *t)
+        .min()
+        .unwrap();
+    let ms = |ns: i64| ns as f64 / 1e6;
+    let takeover_ns: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM started_at) * 1e9)::bigint FROM batch_job_attempt \
+         WHERE job_key = $1 AND attempt = 2",
+    )
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "command-sigstop",
+            "lease_ttl_ms": 2000,
+            "first_copy_last_line_after_sigstop_ms": ms(last_first - stopped_at),
+            "first_copy_last_line_before_lease_expiry_ms": ms(expiry_ns - last_first),
+            "takeover_after_sigstop_ms": ms(takeover_ns - stopped_at),
+            "gap_between_copies_ms": ms(first_second - last_first),
+        })
+    );
+    assert!(
+        !first_alive_while_stopped,
+        "the first copy (pid {first_pid}) was still running while its worker was stopped and another copy ran"
+    );
+    assert!(
+        last_first < first_second,
+        "the two copies overlapped: the first wrote until {last_first}, the second from {first_second}"
+    );
+    assert!(expiry_ns > 0, "the old lease's expiry was never seen");
+    assert!(
+        last_first < expiry_ns,
+        "the first copy wrote {:.0}ms after its lease expired",
+        ms(last_first - expiry_ns)
+    );
 }
