@@ -207,7 +207,9 @@ fn a_window_crossing_1970_plans_only_dates_in_range() {
     let name = job("daily-settlement");
     // 01:00 in Seoul covering the day before, a 7-day window from
     // 1970-01-03 02:00 KST: the firings of 1969 are clamped away.
-    let p = producer::plan(&name, &settlement(), utc("1970-01-03T02:00:00+09:00")).unwrap().unwrap();
+    let p = producer::plan(&name, &settlement(), utc("1970-01-03T02:00:00+09:00"))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         keys_of(&p),
         vec!["daily-settlement:1970-01-01", "daily-settlement:1970-01-02"]
@@ -222,7 +224,9 @@ fn a_window_crossing_1970_plans_only_dates_in_range() {
         catch_up: Duration::from_secs(3 * 86_400),
         ..JobConfig::default()
     };
-    let p = producer::plan(&name, &evening, utc("1970-01-02T02:00:00Z")).unwrap().unwrap();
+    let p = producer::plan(&name, &evening, utc("1970-01-02T02:00:00Z"))
+        .unwrap()
+        .unwrap();
     assert_eq!(keys_of(&p), vec!["daily-settlement:1970-01-01"]);
     // A clamped window still takes a firing at its first instant.
     let quarters = JobConfig {
@@ -231,10 +235,14 @@ fn a_window_crossing_1970_plans_only_dates_in_range() {
         catch_up: Duration::from_secs(3600),
         ..JobConfig::default()
     };
-    let p = producer::plan(&name, &quarters, utc("1970-01-01T00:10:00Z")).unwrap().unwrap();
+    let p = producer::plan(&name, &quarters, utc("1970-01-01T00:10:00Z"))
+        .unwrap()
+        .unwrap();
     assert_eq!(keys_of(&p), vec!["daily-settlement:1970-01-01T00:00"]);
     // Wholly before the range: nothing.
-    let p = producer::plan(&name, &settlement(), utc("1969-06-01T00:00:00Z")).unwrap().unwrap();
+    let p = producer::plan(&name, &settlement(), utc("1969-06-01T00:00:00Z"))
+        .unwrap()
+        .unwrap();
     assert!(p.runs.is_empty());
 }
 
@@ -242,7 +250,9 @@ fn a_window_crossing_1970_plans_only_dates_in_range() {
 fn the_last_day_of_the_range_is_planned_and_nothing_after_it() {
     let name = job("daily-settlement");
     // The 01:00 KST firing of 2200-01-01 (2199-12-31T16:00Z) covers 2199-12-31.
-    let p = producer::plan(&name, &settlement(), utc("2200-01-01T01:30:00+09:00")).unwrap().unwrap();
+    let p = producer::plan(&name, &settlement(), utc("2200-01-01T01:30:00+09:00"))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         keys_of(&p).last().map(String::as_str),
         Some("daily-settlement:2199-12-31")
@@ -259,7 +269,9 @@ fn the_last_day_of_the_range_is_planned_and_nothing_after_it() {
     };
     // The window's three firings cover 2199-12-30, 2199-12-31 and
     // 2200-01-01; the last is not planned.
-    let p = producer::plan(&name, &morning, utc("2199-12-31T23:30:00Z")).unwrap().unwrap();
+    let p = producer::plan(&name, &morning, utc("2199-12-31T23:30:00Z"))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         keys_of(&p),
         vec!["daily-settlement:2199-12-30", "daily-settlement:2199-12-31"]

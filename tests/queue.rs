@@ -1046,3 +1046,139 @@ async fn finish_many_ends_each_attempt_by_its_own_token() {
     .await;
     assert!(matches!(again, Err(QueueError::Invalid(_))));
 }
+
+/// A run the previous release enqueued carries no context. Whoever freezes
+/// it first decides it for good: a later freeze from another configuration
+/// changes nothing, and `migrate`'s bulk freeze skips it.
+#[tokio::test]
+async fn a_legacy_run_gets_its_context_frozen_once() {
+    let db = TestDb::new(&[]).await;
+    // As the previous release's enqueue wrote it: no context columns.
+    sqlx::query(
+        "INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
+         VALUES ('test-job:2026-09-15', 'test-job', '2026-09-15', 3), \
+                ('test-job:2026-09-16', 'test-job', '2026-09-16', 3)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let legacy = queue::context::legacy_runs(&db.pool, 100).await.unwrap();
+    assert_eq!(legacy.len(), 2);
+    let lease = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(lease.context.is_none());
+    let seoul = batchonce::JobConfig {
+        timezone: chrono_tz::Asia::Seoul,
+        ..Default::default()
+    };
+    let utc = batchonce::JobConfig::default();
+    let ctx = |cfg: &batchonce::JobConfig, key: &JobKey| {
+        let period = key.as_str().split_once(':').unwrap().1;
+        batchonce::context::RunContext::for_key(cfg, lease.business_date, period).unwrap()
+    };
+    let first = queue::context::freeze_held(&db.pool, &lease.fence(), &ctx(&seoul, &lease.key))
+        .await
+        .unwrap();
+    assert_eq!(first.timezone, chrono_tz::Asia::Seoul);
+    assert_eq!(first.period_start.to_rfc3339(), "2026-09-14T15:00:00+00:00");
+    // Another process with another file: the stored context stands.
+    let again = queue::context::freeze_held(&db.pool, &lease.fence(), &ctx(&utc, &lease.key))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let frozen =
+        queue::context::freeze_legacy(&db.pool, &[(lease.key.clone(), ctx(&utc, &lease.key))])
+            .await
+            .unwrap();
+    assert_eq!(frozen, 0);
+    // A stale token cannot freeze anything.
+    let stale = Fence {
+        key: lease.key.clone(),
+        token: lease.token + 1000,
+    };
+    assert!(matches!(
+        queue::context::freeze_held(&db.pool, &stale, &ctx(&utc, &lease.key)).await,
+        Err(QueueError::LeaseLost(_))
+    ));
+    // The other legacy run is frozen in bulk, once.
+    let other = JobKey::parse("test-job:2026-09-16").unwrap();
+    let n = queue::context::freeze_legacy(&db.pool, &[(other.clone(), ctx(&seoul, &other))])
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert!(queue::context::legacy_runs(&db.pool, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    let (view, _) = queue::show_run(&db.pool, &other).await.unwrap().unwrap();
+    assert_eq!(view.context.unwrap().timezone, chrono_tz::Asia::Seoul);
+}
+
+/// What a run is enqueued with is what claims, recovery and the views use,
+/// whatever the claimer's own specification says.
+#[tokio::test]
+async fn the_stored_lease_length_wins_over_the_claimers() {
+    let db = TestDb::new(&[]).await;
+    queue::enqueue(
+        &db.pool,
+        &[run_ttl(1, 3, Duration::from_secs(7))],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    let lease = queue::claim(&db.pool, "w", &spec(Duration::from_secs(600)), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    let ttl: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM lease_expires_at - started_at)::float8 FROM batch_job_run",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(ttl, 7.0);
+    assert_eq!(lease.context.unwrap().lease_ttl, Duration::from_secs(7));
+}
+
+/// An attempt that finishes after its lease expired, before anyone took the
+/// run over, is accepted but reported, so the worker counts a lost lease.
+#[tokio::test]
+async fn a_finish_after_the_lease_expired_is_reported() {
+    let db = TestDb::new(&[]).await;
+    let ttl = Duration::from_secs(2);
+    queue::enqueue(
+        &db.pool,
+        &[run_ttl(1, 3, ttl), run_ttl(2, 3, ttl)],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    let leases = queue::claim(&db.pool, "w", &spec(ttl), 2, Clock::Db)
+        .await
+        .unwrap();
+    let later = db_now(&db.pool).await + chrono::Duration::seconds(5);
+    let done = queue::finish_many_detailed(
+        &db.pool,
+        &[(leases[0].fence(), Finish::Succeeded)],
+        Clock::At(later),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        done,
+        vec![Some(queue::Finished {
+            status: RunStatus::Succeeded,
+            lease_expired: true
+        })]
+    );
+    let done = queue::finish_many_detailed(
+        &db.pool,
+        &[(leases[1].fence(), Finish::Succeeded)],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert!(!done[0].unwrap().lease_expired);
+}

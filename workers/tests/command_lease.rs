@@ -1,0 +1,169 @@
+//! A command job that follows the documented rule (every write inside a
+//! transaction that first calls `batchonce_fence`, each shorter than the
+//! lease) keeps its lease however much of the lease each transaction takes
+//! (issue 15, item 3). The script runs `psql` back to back, so its fence is
+//! held almost all the time; the worker's heartbeat must still extend the
+//! lease, or the supervisor kills the program and another attempt starts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use batchonce::testing::{wait_for_status, TestDb};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+const KEY: &str = "fenced-script:2026-09-15";
+const TRANSACTIONS: i64 = 4;
+
+fn scratch(name: &str) -> PathBuf {
+    batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
+}
+
+fn psql() -> String {
+    let found = ["/usr/bin/psql", "/usr/local/bin/psql"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    match found {
+        Some(p) => p.to_owned(),
+        // PostgreSQL's client comes with the server packages the tests
+        // need anyway; without it this test cannot say anything.
+        None => panic!("psql is not installed (apt-get install -y postgresql-client)"),
+    }
+}
+
+/// A script whose transactions each hold the fence for `hold` seconds.
+fn write_script(dir: &Path, hold: f64) -> PathBuf {
+    let script = dir.join("fenced.sh");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+set -eu
+{{
+for i in $(seq 1 {TRANSACTIONS}); do
+  cat <<SQL
+BEGIN;
+SELECT batchonce_fence('$BATCHONCE_JOB_KEY', $BATCHONCE_LEASE_TOKEN);
+SELECT pg_sleep({hold});
+INSERT INTO lease_probe (job_key, n, token) VALUES ('$BATCHONCE_JOB_KEY', $i, $BATCHONCE_LEASE_TOKEN);
+COMMIT;
+SQL
+done
+}} | {psql} "$DATABASE_URL" -X -q -v ON_ERROR_STOP=1 >/dev/null
+"#,
+            psql = psql()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
+async fn hold_for(fraction: f64) {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    sqlx::query(
+        "CREATE TABLE lease_probe (job_key text NOT NULL, n int NOT NULL, token bigint NOT NULL, \
+         PRIMARY KEY (job_key, n))",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let dir = scratch(&format!("command-lease-{}", (fraction * 100.0) as u32));
+    let ttl = 2.0;
+    let script = write_script(&dir, ttl * fraction);
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.fenced-script]\ncommand = [\"{}\"]\nlease_ttl = \"{ttl}s\"\nmax_attempts = 3\n\
+             backoff = \"200ms\"\nbackoff_max = \"400ms\"\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let base = || {
+        let mut c = Command::new(BIN);
+        c.env("DATABASE_URL", &db.url)
+            .env_remove("BATCHONCE_CONFIG")
+            .arg("--config")
+            .arg(&cfg);
+        c
+    };
+    let out = base()
+        .args(["enqueue", "fenced-script", "--date", "2026-09-15"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = dir.join("worker.log");
+    let mut worker = base()
+        .env("RUST_LOG", "info")
+        .args([
+            "--log-format",
+            "json",
+            "worker",
+            "--worker-id",
+            "fenced",
+            "--poll-interval",
+            "200ms",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    wait_for_status(
+        &db.pool,
+        Some(KEY),
+        &["SUCCEEDED", "FAILED"],
+        Duration::from_secs(60),
+    )
+    .await;
+    let took = started.elapsed();
+    let _ = kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM);
+    let _ = worker.wait();
+    let logs = std::fs::read_to_string(&log).unwrap();
+    let attempts: Vec<(i32, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT attempt, outcome, error_message FROM batch_job_attempt ORDER BY attempt",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        attempts,
+        vec![(1, Some("succeeded".to_owned()), None)],
+        "fence held {:.0}% of the lease per transaction lost the lease; log:\n{logs}",
+        fraction * 100.0
+    );
+    assert!(!logs.contains("lease_lost"), "{logs}");
+    // Every transaction committed, under the one attempt's token.
+    let (rows, tokens): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT token) FROM lease_probe")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((rows, tokens), (TRANSACTIONS, 1));
+    eprintln!(
+        "fence held {:.0}% of a {ttl}s lease in {TRANSACTIONS} transactions: SUCCEEDED in one attempt, {:.1}s",
+        fraction * 100.0,
+        took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_holding_its_fence_half_the_lease_keeps_it() {
+    hold_for(0.5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_holding_its_fence_nine_tenths_of_the_lease_keeps_it() {
+    hold_for(0.9).await;
+}
