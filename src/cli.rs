@@ -275,7 +275,11 @@ pub fn main(registry: Registry) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli, registry)) {
+    let result = runtime.block_on(dispatch(cli, registry));
+    // Background tasks (the metrics server, pools) must not log after the
+    // final error line: an operator reads the last line first.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(code) => code,
         Err(e) => {
             // Library errors already carry their cause's text; add a cause
