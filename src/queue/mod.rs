@@ -5,6 +5,7 @@
 //! [`Clock`], which is the database's `now()` outside tests.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
@@ -175,6 +176,33 @@ pub struct EnqueueReport {
     pub duplicates: Vec<JobKey>,
 }
 
+/// The enqueue statement: built once, as it splices in the context columns.
+static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+        INSERT INTO batch_job_run
+            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
+             status, finished_at, error_message,
+             timezone, period_start, period_end, covers, lease_ttl, stale_after,
+             on_lease_expiry, chunk_size, backoff, backoff_max, max_item_failures,
+             attempt_budget)
+        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now()),
+               CASE WHEN why IS NULL THEN 'PENDING' ELSE 'SKIPPED' END,
+               CASE WHEN why IS NULL THEN NULL ELSE COALESCE($6, now()) END,
+               why,
+               c.tz, c.ps, c.pe, c.cov, make_interval(secs => c.ttl),
+               make_interval(secs => c.stale), c.exp, c.chunk, make_interval(secs => c.bo),
+               make_interval(secs => c.bomax), c.mif, c.budget
+        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[], {})
+             AS c(k, n, d, m, p, why, {})
+        ON CONFLICT (job_key) DO NOTHING
+        RETURNING job_key
+        "#,
+        context::unnest(8),
+        context::UNNEST_ALIASES,
+    )
+});
+
 /// Inserts many runs in one statement; existing keys are reported as
 /// duplicates and left untouched. Notifies idle workers in the same
 /// transaction, so the wake-up is sent only if the rows commit.
@@ -222,30 +250,7 @@ pub async fn enqueue(
         return Ok(EnqueueReport::default());
     }
     let mut tx = pool.begin().await?;
-    let sql = format!(
-        r#"
-        INSERT INTO batch_job_run
-            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
-             status, finished_at, error_message,
-             timezone, period_start, period_end, covers, lease_ttl, stale_after,
-             on_lease_expiry, chunk_size, backoff, backoff_max, max_item_failures,
-             attempt_budget)
-        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now()),
-               CASE WHEN why IS NULL THEN 'PENDING' ELSE 'SKIPPED' END,
-               CASE WHEN why IS NULL THEN NULL ELSE COALESCE($6, now()) END,
-               why,
-               c.tz, c.ps, c.pe, c.cov, make_interval(secs => c.ttl),
-               make_interval(secs => c.stale), c.exp, c.chunk, make_interval(secs => c.bo),
-               make_interval(secs => c.bomax), c.mif, c.budget
-        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[], {})
-             AS c(k, n, d, m, p, why, {})
-        ON CONFLICT (job_key) DO NOTHING
-        RETURNING job_key
-        "#,
-        context::unnest(8),
-        context::UNNEST_ALIASES,
-    );
-    let q = crate::db::query(&sql)
+    let q = crate::db::query(&ENQUEUE_SQL)
         .bind(&keys)
         .bind(&names)
         .bind(&dates)
@@ -325,22 +330,9 @@ impl Lease {
     }
 }
 
-/// Claims up to `limit` due PENDING runs in one statement: `SKIP LOCKED` keeps
-/// concurrent claimers off each other's rows, every claim draws a new token
-/// from the sequence, and the attempt row is written by the same statement.
-pub async fn claim(
-    pool: &PgPool,
-    worker_id: &str,
-    specs: &[ClaimSpec],
-    limit: u32,
-    clock: Clock,
-) -> Result<Vec<Lease>, QueueError> {
-    if limit == 0 || specs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
-    let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
-    let sql = format!(
+/// The claim statement: built once, as it splices in the context columns.
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
         r#"
         WITH picked AS (
             -- The pick lives in a function whose settings keep the plan on
@@ -375,9 +367,26 @@ pub async fn claim(
         SELECT * FROM claimed
         "#,
         context::COLUMNS
-    );
+    )
+});
+
+/// Claims up to `limit` due PENDING runs in one statement: `SKIP LOCKED` keeps
+/// concurrent claimers off each other's rows, every claim draws a new token
+/// from the sequence, and the attempt row is written by the same statement.
+pub async fn claim(
+    pool: &PgPool,
+    worker_id: &str,
+    specs: &[ClaimSpec],
+    limit: u32,
+    clock: Clock,
+) -> Result<Vec<Lease>, QueueError> {
+    if limit == 0 || specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
+    let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(&sql)
+    let rows = crate::db::query(&CLAIM_SQL)
         .bind(&names)
         .bind(&ttls)
         .bind(limit as i64)
