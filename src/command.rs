@@ -242,7 +242,12 @@ async fn run_command(
             outcome
         }
         Ending::Expired => {
-            warn!(job_key = %ctx.key, pid, "command killed by its supervisor: no lease renewal in time");
+            warn!(job_key = %ctx.key, pid, outcome = "lease_lost",
+                  "command killed by its supervisor: no lease renewal in time");
+            // The lease could not be confirmed in time: a lost lease, whether
+            // or not the database still shows it when the worker resumes.
+            metrics::counter!(crate::telemetry::LEASES_LOST, "job" => ctx.job.to_string())
+                .increment(1);
             Err(JobError::Retryable(with_tail(
                 format!(
                     "`{program}` was killed by the supervisor: the worker stopped renewing its \

@@ -167,3 +167,112 @@ async fn a_script_holding_its_fence_half_the_lease_keeps_it() {
 async fn a_script_holding_its_fence_nine_tenths_of_the_lease_keeps_it() {
     hold_for(0.9).await;
 }
+
+/// A worker stopped past its lease: its supervisor kills the program, and
+/// when the worker resumes it counts the lost lease in
+/// `batchonce_leases_lost_total`, though nobody took the run over and the
+/// database may still show the lease as its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_while_the_worker_was_stopped_is_counted() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("command-lease-counted");
+    let pid_file = dir.join("program.pid");
+    let script = dir.join("slow.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$BATCHONCE_ATTEMPT\" = 1 ]; then echo $$ > {}; exec sleep 60; fi\nexit 0\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.slow-script]\ncommand = [\"{}\"]\nlease_ttl = \"2s\"\nmax_attempts = 3\n\
+             backoff = \"200ms\"\nbackoff_max = \"400ms\"\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let base = || {
+        let mut c = Command::new(BIN);
+        c.env("DATABASE_URL", &db.url)
+            .env_remove("BATCHONCE_CONFIG")
+            .arg("--config")
+            .arg(&cfg);
+        c
+    };
+    let out = base()
+        .args(["enqueue", "slow-script", "--date", "2026-09-15"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut worker = base()
+        .args([
+            "--log-format",
+            "json",
+            "worker",
+            "--worker-id",
+            "stopped",
+            "--poll-interval",
+            "200ms",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let wpid = Pid::from_raw(worker.id() as i32);
+    let pf = pid_file.clone();
+    batchonce::testing::wait_until("the program started", Duration::from_secs(30), || {
+        let pf = pf.clone();
+        async move { std::fs::read_to_string(&pf).is_ok_and(|s| s.trim().parse::<i32>().is_ok()) }
+    })
+    .await;
+    let program: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(wpid, Signal::SIGSTOP).unwrap();
+    // The supervisor kills the program within the lease, on its own.
+    batchonce::testing::wait_until(
+        "the program was killed",
+        Duration::from_secs(10),
+        || async move { kill(Pid::from_raw(program), None).is_err() },
+    )
+    .await;
+    kill(wpid, Signal::SIGCONT).unwrap();
+    wait_for_status(
+        &db.pool,
+        Some("slow-script:2026-09-15"),
+        &["SUCCEEDED"],
+        Duration::from_secs(60),
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    let lost: f64 = text
+        .lines()
+        .find(|l| l.starts_with("batchonce_leases_lost_total{job=\"slow-script\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(lost >= 1.0, "no lost lease counted:\n{text}");
+    let _ = kill(wpid, Signal::SIGTERM);
+    let _ = worker.wait();
+}
