@@ -1062,23 +1062,32 @@ fn spawn_metrics(
     ))
 }
 
-/// SIGTERM/SIGINT start a graceful shutdown; a second one aborts at once.
+/// SIGTERM/SIGINT start a graceful shutdown; a second one exits at once,
+/// with status 128 + the signal's number.
 fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     tokio::spawn(async move {
         for n in 0..2 {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            let signo = tokio::select! {
+                _ = term.recv() => 15,
+                _ = int.recv() => 2,
+            };
             if n == 0 {
-                tracing::info!("signal received: graceful shutdown (send again to abort)");
+                tracing::info!("signal received: graceful shutdown (send again to exit at once)");
                 signals.shutdown.cancel();
             } else {
-                tracing::warn!("second signal: abandoning running handlers");
-                signals.abort.cancel();
+                // Whatever the shutdown is waiting for (a handler, a lock,
+                // the database), the person who asked twice gets their
+                // process back. Nothing is released: the database ends the
+                // sessions as their sockets close, and the leases expire
+                // and are recovered like a crashed worker's.
+                tracing::warn!(
+                    exit_status = 128 + signo,
+                    "second signal: exiting now; leases still held are not released, they expire and are recovered"
+                );
+                std::process::exit(128 + signo);
             }
         }
     });
