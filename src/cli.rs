@@ -185,7 +185,8 @@ enum RunsCommand {
     /// One run with its attempt and operator history.
     Show { key: String },
     /// RUNNING runs past their stale_after (or lease-expired under policy
-    /// hold), with evidence and a conclusion: alive-slow, dead or unknown.
+    /// hold), with evidence and a conclusion: blocked, alive-slow, dead or
+    /// unknown.
     Stale,
     /// Marks a stale or lease-expired run FAILED, fencing its holder.
     Fail(ActionArgs),
@@ -212,6 +213,14 @@ struct ActionArgs {
     /// Show what would change and change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// How long to wait for the run's row, which another session (a
+    /// worker's open chunk) may hold, before giving up and naming it.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    lock_timeout: Duration,
+    /// If the row stays locked: record it in the audit trail, terminate the
+    /// sessions that hold it (pg_terminate_backend) and try once more.
+    #[arg(long, conflicts_with = "dry_run")]
+    terminate_blocker: bool,
 }
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
@@ -302,7 +311,10 @@ fn init_logging(cli: &Cli) {
         Command::Worker { .. }
         | Command::Exporter { .. }
         | Command::Produce { once: false, .. } => "info",
-        _ => "warn",
+        // Short commands report their own errors; sqlx's warning that a
+        // statement was slow (an operator action waiting for a row) would
+        // only come first.
+        _ => "warn,sqlx::query=error",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let json = match cli.log_format {
@@ -724,6 +736,25 @@ async fn runs_command(
                     age(r.worker_last_seen_age_seconds),
                     if r.session_alive { "connected" } else { "gone" }
                 );
+                if let Some(w) = &r.lock_wait {
+                    println!(
+                        "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
+                        w.pid,
+                        w.wait_event.as_deref().unwrap_or("?"),
+                        w.waiting_seconds.unwrap_or(0.0),
+                        if w.for_this_run {
+                            ""
+                        } else {
+                            " (maybe for another of its runs)"
+                        }
+                    );
+                    for b in &w.blockers {
+                        println!("    {}", b.session.describe());
+                        for s in &b.blocked_by {
+                            println!("      {}", s.describe());
+                        }
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -749,15 +780,25 @@ async fn runs_command(
                 stale_after: cfg.stale_after,
                 max_attempts: cfg.max_attempts,
             };
-            let result = if a.dry_run {
-                queue::preview_action(pool, &req, Clock::Db).await?
-            } else {
-                queue::apply_action(pool, &req, Clock::Db).await?
+            let opts = queue::blockers::ActOptions {
+                lock_timeout: a.lock_timeout,
+                terminate_blocker: a.terminate_blocker,
+                dry_run: a.dry_run,
             };
-            let outcome = result?;
+            let report = match queue::blockers::act(pool, &req, Clock::Db, opts).await {
+                Ok(r) => r,
+                Err(queue::blockers::ActError::Blocked(b)) => return blocked(&b, json_out),
+                Err(e) => return Err(e.into()),
+            };
+            let outcome = &report.outcome;
             if json_out {
-                println!("{}", serde_json::to_string(&outcome)?);
-            } else if outcome.applied {
+                println!("{}", serde_json::to_string(&report)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for s in &report.terminated {
+                println!("terminated {} (audited)", s.describe());
+            }
+            if outcome.applied {
                 println!(
                     "{} {}: {} -> {} (audited)",
                     outcome.action, outcome.job_key, outcome.before, outcome.after
@@ -900,12 +941,34 @@ async fn runs_command(
                             a.after_status,
                             a.reason
                         );
+                        if let Some(d) = &a.detail {
+                            println!("    {d}");
+                        }
                     }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// An operator action that gave up waiting for the run's row: one error
+/// line and the sessions in detail on stderr, and with `--json` the same
+/// as one object on stdout. Exit 1.
+fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
+    let line = crate::queue::truncate(&b.to_string());
+    eprintln!("batchonce: error: {line}");
+    if json_out {
+        let mut v = serde_json::to_value(b)?;
+        v["error"] = json!("blocked");
+        v["message"] = json!(line);
+        println!("{v}");
+    } else {
+        for l in b.detail() {
+            eprintln!("{l}");
+        }
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 fn distinct_fingerprints(d: &crate::worker_registry::ConfigDrift) -> usize {
