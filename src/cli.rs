@@ -185,7 +185,8 @@ enum RunsCommand {
     /// One run with its attempt and operator history.
     Show { key: String },
     /// RUNNING runs past their stale_after (or lease-expired under policy
-    /// hold), with evidence and a conclusion: alive-slow, dead or unknown.
+    /// hold), with evidence and a conclusion: blocked, alive-slow, dead or
+    /// unknown.
     Stale,
     /// Marks a stale or lease-expired run FAILED, fencing its holder.
     Fail(ActionArgs),
@@ -212,6 +213,14 @@ struct ActionArgs {
     /// Show what would change and change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// How long to wait for the run's row, which another session (a
+    /// worker's open chunk) may hold, before giving up and naming it.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    lock_timeout: Duration,
+    /// If the row stays locked: record it in the audit trail, terminate the
+    /// sessions that hold it (pg_terminate_backend) and try once more.
+    #[arg(long, conflicts_with = "dry_run")]
+    terminate_blocker: bool,
 }
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
@@ -306,7 +315,10 @@ fn init_logging(cli: &Cli) {
         Command::Worker { .. }
         | Command::Exporter { .. }
         | Command::Produce { once: false, .. } => "info",
-        _ => "warn",
+        // Short commands report their own errors; sqlx's warning that a
+        // statement was slow (an operator action waiting for a row) would
+        // only come first.
+        _ => "warn,sqlx::query=error",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let json = match cli.log_format {
@@ -728,6 +740,25 @@ async fn runs_command(
                     age(r.worker_last_seen_age_seconds),
                     if r.session_alive { "connected" } else { "gone" }
                 );
+                if let Some(w) = &r.lock_wait {
+                    println!(
+                        "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
+                        w.pid,
+                        w.wait_event.as_deref().unwrap_or("?"),
+                        w.waiting_seconds.unwrap_or(0.0),
+                        if w.for_this_run {
+                            ""
+                        } else {
+                            " (maybe for another of its runs)"
+                        }
+                    );
+                    for b in &w.blockers {
+                        println!("    {}", b.session.describe());
+                        for s in &b.blocked_by {
+                            println!("      {}", s.describe());
+                        }
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -753,15 +784,25 @@ async fn runs_command(
                 stale_after: cfg.stale_after,
                 max_attempts: cfg.max_attempts,
             };
-            let result = if a.dry_run {
-                queue::preview_action(pool, &req, Clock::Db).await?
-            } else {
-                queue::apply_action(pool, &req, Clock::Db).await?
+            let opts = queue::blockers::ActOptions {
+                lock_timeout: a.lock_timeout,
+                terminate_blocker: a.terminate_blocker,
+                dry_run: a.dry_run,
             };
-            let outcome = result?;
+            let report = match queue::blockers::act(pool, &req, Clock::Db, opts).await {
+                Ok(r) => r,
+                Err(queue::blockers::ActError::Blocked(b)) => return blocked(&b, json_out),
+                Err(e) => return Err(e.into()),
+            };
+            let outcome = &report.outcome;
             if json_out {
-                println!("{}", serde_json::to_string(&outcome)?);
-            } else if outcome.applied {
+                println!("{}", serde_json::to_string(&report)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for s in &report.terminated {
+                println!("terminated {} (audited)", s.describe());
+            }
+            if outcome.applied {
                 println!(
                     "{} {}: {} -> {} (audited)",
                     outcome.action, outcome.job_key, outcome.before, outcome.after
@@ -904,12 +945,34 @@ async fn runs_command(
                             a.after_status,
                             a.reason
                         );
+                        if let Some(d) = &a.detail {
+                            println!("    {d}");
+                        }
                     }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// An operator action that gave up waiting for the run's row: one error
+/// line and the sessions in detail on stderr, and with `--json` the same
+/// as one object on stdout. Exit 1.
+fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
+    let line = crate::queue::truncate(&b.to_string());
+    eprintln!("batchonce: error: {line}");
+    if json_out {
+        let mut v = serde_json::to_value(b)?;
+        v["error"] = json!("blocked");
+        v["message"] = json!(line);
+        println!("{v}");
+    } else {
+        for l in b.detail() {
+            eprintln!("{l}");
+        }
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 fn distinct_fingerprints(d: &crate::worker_registry::ConfigDrift) -> usize {
@@ -1066,23 +1129,32 @@ fn spawn_metrics(
     ))
 }
 
-/// SIGTERM/SIGINT start a graceful shutdown; a second one aborts at once.
+/// SIGTERM/SIGINT start a graceful shutdown; a second one exits at once,
+/// with status 128 + the signal's number.
 fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     tokio::spawn(async move {
         for n in 0..2 {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            let signo = tokio::select! {
+                _ = term.recv() => 15,
+                _ = int.recv() => 2,
+            };
             if n == 0 {
-                tracing::info!("signal received: graceful shutdown (send again to abort)");
+                tracing::info!("signal received: graceful shutdown (send again to exit at once)");
                 signals.shutdown.cancel();
             } else {
-                tracing::warn!("second signal: abandoning running handlers");
-                signals.abort.cancel();
+                // Whatever the shutdown is waiting for (a handler, a lock,
+                // the database), the person who asked twice gets their
+                // process back. Nothing is released: the database ends the
+                // sessions as their sockets close, and the leases expire
+                // and are recovered like a crashed worker's.
+                tracing::warn!(
+                    exit_status = 128 + signo,
+                    "second signal: exiting now; leases still held are not released, they expire and are recovered"
+                );
+                std::process::exit(128 + signo);
             }
         }
     });

@@ -204,6 +204,8 @@ pub struct JobContext {
     clock: Clock,
     /// The latest confirmed extension of the lease.
     renewals: watch::Receiver<LeaseRenewal>,
+    /// The server sessions of this attempt's open fenced transactions.
+    fences: queue::blockers::FenceSessions,
 }
 
 impl JobContext {
@@ -243,6 +245,7 @@ impl JobContext {
                 ttl,
             })
             .1,
+            fences: Default::default(),
         }
     }
 
@@ -257,6 +260,13 @@ impl JobContext {
     /// heartbeat that extended the lease.
     pub fn with_lease_renewals(mut self, renewals: watch::Receiver<LeaseRenewal>) -> Self {
         self.renewals = renewals;
+        self
+    }
+
+    /// Where [`Self::fenced`] lists the sessions of its open transactions,
+    /// for the worker to end them if it abandons the handler mid-statement.
+    pub fn with_fence_sessions(mut self, fences: queue::blockers::FenceSessions) -> Self {
+        self.fences = fences;
         self
     }
 
@@ -284,7 +294,10 @@ impl JobContext {
             key: self.key.clone(),
             token: self.lease_token,
         };
-        Ok(queue::begin_fenced(&self.pool, &fence, self.run.lease_ttl, self.clock).await?)
+        let mut tx =
+            queue::begin_fenced(&self.pool, &fence, self.run.lease_ttl, self.clock).await?;
+        tx.track(&self.fences);
+        Ok(tx)
     }
 
     /// Commits a fenced transaction and adds its counts to this attempt.

@@ -10,7 +10,8 @@
 //!   configuration, and
 //!   the job kinds' item tables: select, insert, update, never delete.
 //! - `<prefix>_operator`: the audited `runs fail|rerun|skip`: updates runs
-//!   and attempts, appends to the audit table.
+//!   and attempts, appends to the audit table, and may terminate another
+//!   role's session (`pg_signal_backend`, for `--terminate-blocker`).
 //! - `<prefix>_readonly`: reads everything (`status`, `runs list`, the
 //!   exporter, dashboards).
 //!
@@ -113,6 +114,9 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
     out.push_str(&format!(
         "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
          GRANT pg_read_all_stats TO {o}, {r};\n\
+         -- `runs fail|rerun|skip --terminate-blocker` ends a worker's session\n\
+         -- that holds a run (pg_terminate_backend); not a superuser's.\n\
+         GRANT pg_signal_backend TO {o};\n\
          \n-- On the tables, once `batchonce migrate` has created them.\n\
          DO $grants$ BEGIN\n  IF to_regprocedure('{s}.batchonce_fence(text, bigint)') IS NOT NULL THEN\n"
     ));
@@ -140,7 +144,7 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
 pub enum RolesError {
     #[error("{0}")]
     Invalid(String),
-    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables and grant pg_read_all_stats; or apply the printed SQL yourself): {0}")]
+    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables and grant pg_read_all_stats and pg_signal_backend; or apply the printed SQL yourself): {0}")]
     Database(#[from] sqlx::Error),
 }
 

@@ -59,8 +59,12 @@ impl WorkerOptions {
 }
 
 /// The signals that stop a worker: `shutdown` stops claiming and asks handlers
-/// to stop at a chunk boundary; `abort` abandons them at once (a second signal,
-/// or the end of the grace period).
+/// to stop at a chunk boundary; `abort` abandons them at once (the end of the
+/// grace period, or the embedder's choice). After `abort`, [`run`] returns
+/// within [`ABORT_BOUND`]: abandoned handlers' statements still running on
+/// the server are ended, their runs released if that can be done in time,
+/// and otherwise left to expire. (The command line exits at once on a
+/// second signal instead.)
 #[derive(Debug, Clone, Default)]
 pub struct Shutdown {
     pub shutdown: CancellationToken,
@@ -79,10 +83,28 @@ struct Held {
     renewed: watch::Sender<LeaseRenewal>,
 }
 
+/// How long [`run`] takes at most once `abort` fires (the process exits
+/// within `--grace` plus this after SIGTERM): abandoned handlers' sessions
+/// are ended and their runs released within [`ABANDON_BOUND`], and the
+/// background loops and the registry row get the rest.
+pub const ABORT_BOUND: Duration = Duration::from_secs(5);
+/// The part of [`ABORT_BOUND`] the run tasks get to end their abandoned
+/// sessions and release their runs; what is not released by then is left
+/// to expire and be recovered.
+const ABANDON_BOUND: Duration = Duration::from_secs(3);
+/// How long a release after an abort waits for the run's row (a session
+/// the worker does not control, such as a command job's program, may hold
+/// it), per try.
+const ABANDONED_RELEASE_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
 struct Shared {
     registry: Registry,
     config: Config,
     pool: PgPool,
+    /// The heartbeats' pool, which handlers never use: the worker ends an
+    /// abandoned handler's sessions through it, whatever the main pool is
+    /// busy with.
+    heartbeat_pool: PgPool,
     opts: WorkerOptions,
     held: Mutex<HashMap<JobKey, Held>>,
     signals: Shutdown,
@@ -152,6 +174,7 @@ pub async fn run(
         registry,
         config,
         pool: pool.clone(),
+        heartbeat_pool: heartbeat_pool.clone(),
         opts: opts.clone(),
         held: Mutex::new(HashMap::new()),
         signals: signals.clone(),
@@ -285,13 +308,43 @@ pub async fn run(
             _ = signals.abort.cancelled() => break,
         }
     }
-    while let Some(done) = tasks.join_next().await {
-        log_task_end(done);
+    // Either every task has ended or `abort` fired: from here on, bounded.
+    let started = tokio::time::Instant::now();
+    let abandoned = started + ABANDON_BOUND;
+    if tokio::time::timeout_at(abandoned, async {
+        while let Some(done) = tasks.join_next().await {
+            log_task_end(done);
+        }
+    })
+    .await
+    .is_err()
+    {
+        warn!(
+            running = tasks.len(),
+            bound_ms = ABANDON_BOUND.as_millis() as u64,
+            "runs not released in time; their leases expire and are recovered"
+        );
+        tasks.shutdown().await;
     }
     stopped.cancel();
-    while services.join_next().await.is_some() {}
-    if let Err(e) = worker_registry::deregister(&pool, &opts.worker_id).await {
-        warn!(error = %e, "could not deregister the worker");
+    let services_by = started + (ABORT_BOUND - Duration::from_secs(1));
+    if tokio::time::timeout_at(services_by, async {
+        while services.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        services.shutdown().await;
+    }
+    match tokio::time::timeout_at(
+        started + ABORT_BOUND,
+        worker_registry::deregister(&pool, &opts.worker_id),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "could not deregister the worker"),
+        Err(_) => warn!("deregistering the worker timed out"),
     }
     info!(worker_id = %opts.worker_id, "worker stopped");
 }
@@ -385,6 +438,7 @@ async fn execute(
     let cfg = run.apply_to(&file_cfg);
     let lost = CancellationToken::new();
     let cancel = shared.signals.shutdown.child_token();
+    let fences = queue::blockers::FenceSessions::default();
     let (renewed, renewals) = watch::channel(LeaseRenewal {
         sent: claim_sent,
         ttl: cfg.lease_ttl,
@@ -415,7 +469,8 @@ async fn execute(
         shared.clock,
     )
     .with_lease_lost(lost.clone())
-    .with_lease_renewals(renewals);
+    .with_lease_renewals(renewals)
+    .with_fence_sessions(fences.clone());
     let started = Instant::now();
     info!(
         job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
@@ -437,9 +492,16 @@ async fn execute(
         _ = shared.signals.abort.cancelled() => End::Aborted,
     };
     if !matches!(end, End::Handler(_)) {
-        // Dropping the handler drops its open fenced transaction: rolled back.
+        // Dropping the handler drops its open fenced transaction, but a
+        // statement of it may still run on the server, waiting on a lock
+        // held elsewhere, and keep the run's row locked for as long: the
+        // release below (or any takeover) would wait with it. So the
+        // sessions still open are read first (dropping removes them) and
+        // ended after.
+        let open = fences.snapshot();
         handle.abort();
         let _ = handle.await;
+        end_own_sessions(&shared, &lease, &open).await;
     }
     let counts = AttemptCounts {
         processed: progress.processed(),
@@ -579,9 +641,45 @@ fn lease_lost(lease: &Lease, cause: &str) {
     metrics::counter!(telemetry::LEASES_LOST, "job" => lease.job.to_string()).increment(1);
 }
 
+/// Ends the server sessions of an abandoned handler's fenced transactions
+/// that are still in those transactions, through the heartbeat pool.
+async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blockers::SessionTx]) {
+    if open.is_empty() {
+        return;
+    }
+    match tokio::time::timeout(
+        Duration::from_secs(1),
+        queue::blockers::terminate_own(&shared.heartbeat_pool, open),
+    )
+    .await
+    {
+        Ok(Ok(ended)) if ended.is_empty() => {}
+        Ok(Ok(ended)) => warn!(
+            job_key = %lease.key, lease_token = lease.token,
+            pids = ?ended.iter().map(|e| e.pid).collect::<Vec<_>>(),
+            waiting_on = ?ended.iter().filter_map(|e| e.waiting_on.as_deref()).collect::<Vec<_>>(),
+            "abandoned handler: ended its own blocked database session(s), which held the run's row"
+        ),
+        Ok(Err(e)) => warn!(job_key = %lease.key, error = %e,
+            "abandoned handler: could not end its database sessions; the release may wait for them"),
+        Err(_) => warn!(job_key = %lease.key,
+            "abandoned handler: ending its database sessions timed out; the release may wait for them"),
+    }
+}
+
 async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
+    // After an abort the process is about to exit: the release must not
+    // wait for a lock it cannot end (a command job's program's session), so
+    // it goes straight to the database with a lock timeout, not through the
+    // completer.
+    let aborted = shared.signals.abort.is_cancelled();
     for attempt in 0..3 {
-        match submit_finish(shared, lease, &Finish::Release).await {
+        let result = if aborted {
+            release_now(shared, lease).await
+        } else {
+            submit_finish(shared, lease, &Finish::Release).await
+        };
+        match result {
             Ok(f) => {
                 if f.lease_expired {
                     lease_lost(lease, "the lease expired before the attempt was released");
@@ -606,6 +704,24 @@ async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
         }
     }
     warn!(job_key = %lease.key, "could not release the lease; it will expire and be recovered");
+}
+
+/// A release in its own statement, waiting at most
+/// [`ABANDONED_RELEASE_LOCK_TIMEOUT`] for the run's row.
+async fn release_now(shared: &Shared, lease: &Lease) -> Result<queue::Finished, QueueError> {
+    let items = [(lease.fence(), Finish::Release)];
+    match queue::finish_many_within(
+        &shared.pool,
+        &items,
+        shared.clock,
+        Some(ABANDONED_RELEASE_LOCK_TIMEOUT),
+    )
+    .await?
+    .as_slice()
+    {
+        [Some(f)] => Ok(*f),
+        _ => Err(QueueError::LeaseLost(lease.key.to_string())),
+    }
 }
 
 /// Hands a finish to the completer and waits for its result.

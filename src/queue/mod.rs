@@ -18,6 +18,7 @@ use crate::context::RunContext;
 use crate::key::{JobKey, JobName};
 use crate::telemetry;
 
+pub mod blockers;
 pub mod context;
 mod views;
 
@@ -509,6 +510,10 @@ pub async fn heartbeat(
 pub struct FencedTx {
     tx: Transaction<'static, Postgres>,
     fence: Fence,
+    /// The server session and transaction the fence runs in.
+    session: blockers::SessionTx,
+    /// Set while a worker tracks this transaction ([`FencedTx::track`]).
+    tracked: Option<blockers::Tracked>,
     lease_ttl: Duration,
     clock: Clock,
     processed: i64,
@@ -556,9 +561,13 @@ pub async fn begin_fenced(
     // 20261203000001). The commit's own update of the row (NO KEY UPDATE)
     // does not conflict with a KEY SHARE lock, its own or another fenced
     // transaction's, so upgrading it cannot deadlock.
-    let ok: Option<i32> = crate::db::query_scalar(
+    // The server's pid and this transaction's start name the session, so
+    // a worker that abandons the handler can end it if it is still running
+    // (and locking) on the server; through PgBouncer too, since the pid is
+    // the server's, and one transaction stays on one server connection.
+    let ok: Option<(i32, DateTime<Utc>)> = crate::db::query_as(
         r#"
-        SELECT 1 FROM batch_job_run
+        SELECT pg_backend_pid(), now() FROM batch_job_run
         WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
           AND lease_expires_at > COALESCE($3, now())
         FOR KEY SHARE
@@ -569,12 +578,14 @@ pub async fn begin_fenced(
     .bind(clock.bind())
     .fetch_optional(&mut *tx)
     .await?;
-    if ok.is_none() {
+    let Some((pid, xact_start)) = ok else {
         return Err(QueueError::LeaseLost(fence.key.to_string()));
-    }
+    };
     Ok(FencedTx {
         tx,
         fence: fence.clone(),
+        session: blockers::SessionTx { pid, xact_start },
+        tracked: None,
         lease_ttl,
         clock,
         processed: 0,
@@ -599,6 +610,17 @@ impl FencedTx {
     /// The counts added so far.
     pub fn progress(&self) -> (i64, i64) {
         (self.processed, self.failed)
+    }
+
+    /// The server session this transaction runs in.
+    pub fn session(&self) -> blockers::SessionTx {
+        self.session
+    }
+
+    /// Lists this transaction's session in `set` until the transaction ends
+    /// (commit, rollback or drop).
+    pub fn track(&mut self, set: &blockers::FenceSessions) {
+        self.tracked = Some(set.add(self.session));
     }
 
     /// Advances the run's counters and extends its lease (progress is proof
@@ -739,6 +761,18 @@ pub async fn finish_many_detailed(
     items: &[(Fence, Finish)],
     clock: Clock,
 ) -> Result<Vec<Option<Finished>>, QueueError> {
+    finish_many_within(pool, items, clock, None).await
+}
+
+/// [`finish_many_detailed`], giving up with SQLSTATE 55P03 when a row
+/// stays locked longer than `lock_timeout` (a worker that must exit, whose
+/// release may wait for a session it does not control).
+pub async fn finish_many_within(
+    pool: &PgPool,
+    items: &[(Fence, Finish)],
+    clock: Clock,
+    lock_timeout: Option<Duration>,
+) -> Result<Vec<Option<Finished>>, QueueError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -780,7 +814,18 @@ pub async fn finish_many_detailed(
     // attempt up by key, so its cost grows with the batch, not the table.
     // (Narrowing the tables with `job_key = ANY($1)` instead made the cached
     // plan compare every row of the batch with every other: quadratic.)
-    let mut stmt = crate::db::statement(pool).await?;
+    let mut stmt = match lock_timeout {
+        None => crate::db::statement(pool).await?,
+        Some(t) => {
+            // A setting for this transaction only, so through PgBouncer too.
+            let mut tx = pool.begin().await?;
+            crate::db::query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(format!("{}ms", t.as_millis().max(1)))
+                .execute(&mut *tx)
+                .await?;
+            crate::db::StatementConn::Tx(tx)
+        }
+    };
     let rows = crate::db::query(
         r#"
         WITH f AS (
@@ -1194,8 +1239,17 @@ pub async fn preview_action(
     req: &OperatorRequest,
     clock: Clock,
 ) -> Result<Result<ActionOutcome, Refused>, QueueError> {
-    let mut tx = pool.begin().await?;
-    let r = check_action(&mut tx, req, clock).await?;
+    preview_action_in(pool.begin().await?, req, clock).await
+}
+
+/// [`preview_action`] in a transaction the caller opened (and may have set
+/// a `lock_timeout` in).
+pub(crate) async fn preview_action_in(
+    mut tx: Transaction<'static, Postgres>,
+    req: &OperatorRequest,
+    clock: Clock,
+) -> Result<Result<ActionOutcome, Refused>, QueueError> {
+    let r = check_action(&mut tx, req, clock, true).await?;
     tx.rollback().await?;
     Ok(r.map(|before| ActionOutcome {
         job_key: req.key.to_string(),
@@ -1206,22 +1260,28 @@ pub async fn preview_action(
     }))
 }
 
+/// Checks an action against the run, locking its row `FOR UPDATE` when
+/// `lock` (to act on it), or reading it without waiting for anyone (to see
+/// whether the action would be refused anyway).
 async fn check_action(
     tx: &mut PgConnection,
     req: &OperatorRequest,
     clock: Clock,
+    lock: bool,
 ) -> Result<Result<String, Refused>, QueueError> {
-    let row: Option<(String, bool)> = crate::db::query_as(
+    let sql = format!(
         "SELECT status, (lease_expires_at <= COALESCE($3, now()) \
                  OR started_at < COALESCE($3, now()) \
                     - COALESCE(stale_after, make_interval(secs => $2))) IS TRUE \
-         FROM batch_job_run WHERE job_key = $1 FOR UPDATE",
-    )
-    .bind(req.key.as_str())
-    .bind(req.stale_after.as_secs_f64())
-    .bind(clock.bind())
-    .fetch_optional(&mut *tx)
-    .await?;
+         FROM batch_job_run WHERE job_key = $1{}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    let row: Option<(String, bool)> = crate::db::query_as(&sql)
+        .bind(req.key.as_str())
+        .bind(req.stale_after.as_secs_f64())
+        .bind(clock.bind())
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some((status, stale)) = row else {
         return Err(QueueError::Invalid(format!("no run with key {}", req.key)));
     };
@@ -1262,8 +1322,18 @@ pub async fn apply_action(
     req: &OperatorRequest,
     clock: Clock,
 ) -> Result<Result<ActionOutcome, Refused>, QueueError> {
-    let mut tx = pool.begin().await?;
-    let before = match check_action(&mut tx, req, clock).await? {
+    apply_action_in(pool, pool.begin().await?, req, clock).await
+}
+
+/// [`apply_action`] in a transaction the caller opened (and may have set a
+/// `lock_timeout` in).
+pub(crate) async fn apply_action_in(
+    pool: &PgPool,
+    mut tx: Transaction<'static, Postgres>,
+    req: &OperatorRequest,
+    clock: Clock,
+) -> Result<Result<ActionOutcome, Refused>, QueueError> {
+    let before = match check_action(&mut tx, req, clock, true).await? {
         Ok(b) => b,
         Err(refused) => return Ok(Err(refused)),
     };
@@ -1361,13 +1431,16 @@ pub struct ActionView {
     pub reason: String,
     pub before_status: String,
     pub after_status: String,
+    /// What a `terminate-blocker` row ended; `None` for the other actions.
+    pub detail: Option<String>,
 }
 
 /// The operator history of a run, oldest first.
 pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, QueueError> {
     let mut stmt = crate::db::statement(pool).await?;
     let rows = crate::db::query(
-        "SELECT at, operator, session_user_name, action, reason, before_status, after_status          FROM batch_operator_action WHERE job_key = $1 ORDER BY id",
+        "SELECT at, operator, session_user_name, action, reason, before_status, after_status, \
+         detail FROM batch_operator_action WHERE job_key = $1 ORDER BY id",
     )
     .bind(key.as_str())
     .fetch_all(stmt.conn())
@@ -1383,6 +1456,7 @@ pub async fn actions(pool: &PgPool, key: &JobKey) -> Result<Vec<ActionView>, Que
                 reason: r.try_get("reason")?,
                 before_status: r.try_get("before_status")?,
                 after_status: r.try_get("after_status")?,
+                detail: r.try_get("detail")?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()

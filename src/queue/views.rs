@@ -207,12 +207,16 @@ pub struct StaleRun {
     pub worker_last_seen_age_seconds: Option<f64>,
     /// A session with the worker's application_name is connected now.
     pub session_alive: bool,
-    /// `alive-slow`, `dead` or `unknown`.
+    /// A session of the worker that waits on a lock, and who holds it.
+    pub lock_wait: Option<super::blockers::LockWait>,
+    /// `blocked`, `alive-slow`, `dead` or `unknown`.
     pub conclusion: String,
 }
 
 /// Lists stale runs with evidence and a conclusion per run:
-/// `alive-slow` (its session is connected and its heartbeat is recent),
+/// `blocked` (a session of its worker waits on a lock: the evidence names
+/// who holds it), `alive-slow` (its session is connected and its heartbeat
+/// is recent),
 /// `dead` (no session, no heartbeat within the lease ttl, worker not seen
 /// within it either), `unknown` (the evidence disagrees: look closer).
 /// `fallback` serves only runs that store no policies.
@@ -246,7 +250,8 @@ pub async fn stale_runs(
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;
-    rows.iter()
+    let mut runs: Vec<StaleRun> = rows
+        .iter()
         .map(|r| {
             let ttl: f64 = r.try_get("ttl_secs")?;
             let hb: Option<f64> = r.try_get("heartbeat_age")?;
@@ -278,11 +283,23 @@ pub async fn stale_runs(
                 worker_last_seen: r.try_get("last_seen")?,
                 worker_last_seen_age_seconds: seen,
                 session_alive: alive,
+                lock_wait: None,
                 conclusion: conclusion.to_owned(),
             })
         })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(QueueError::from)
+        .collect::<Result<_, sqlx::Error>>()?;
+    // A live worker whose session waits on a lock is neither slow nor
+    // unknown: it is blocked, and the evidence says by whom.
+    for run in runs.iter_mut().filter(|r| r.session_alive) {
+        let Some(owner) = run.worker_id.as_deref() else {
+            continue;
+        };
+        run.lock_wait = super::blockers::lock_wait(pool, &run.job_key, owner).await?;
+        if run.lock_wait.is_some() {
+            run.conclusion = "blocked".to_owned();
+        }
+    }
+    Ok(runs)
 }
 
 /// Database-derived gauges for one job (the exporter's view).
