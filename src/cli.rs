@@ -166,6 +166,11 @@ enum Command {
         /// owns the tables) instead of printing it.
         #[arg(long)]
         apply: bool,
+        /// During a rolling upgrade: also keep the direct writes the
+        /// previous release's processes need; apply again without it once
+        /// they are all gone (docs/upgrading.md).
+        #[arg(long)]
+        keep_direct_writes: bool,
     },
 }
 
@@ -630,17 +635,24 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             prefix,
             schema,
             apply,
+            keep_direct_writes,
         } => {
+            let tables = registry.output_tables();
+            let opts = crate::roles::RolesOptions {
+                output_tables: &tables,
+                keep_direct_writes: *keep_direct_writes,
+            };
             if *apply {
                 let pool = db::connect(require_url(&cli)?, "batchonce-roles", 1).await?;
-                crate::roles::apply(&pool, prefix).await?;
+                crate::roles::apply(&pool, prefix, &opts).await?;
                 println!(
-                    "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator and {prefix}_readonly are in place"
+                    "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator, {prefix}_readonly and {prefix}_program are in place{}",
+                    if *keep_direct_writes { ", with the previous release's direct writes kept" } else { "" }
                 );
             } else {
                 print!(
                     "{}",
-                    crate::roles::sql(prefix, schema).map_err(|e| anyhow!(e))?
+                    crate::roles::sql(prefix, schema, &opts).map_err(|e| anyhow!(e))?
                 );
             }
             Ok(ExitCode::SUCCESS)

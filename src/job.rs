@@ -133,6 +133,14 @@ pub trait Job: Send + Sync + 'static {
         None
     }
 
+    /// The tables the kind writes its items to. `batchonce roles` lets the
+    /// worker role insert and update these and only read every other table
+    /// of the schema (the sources: an application's orders are never a
+    /// worker's to change).
+    fn output_tables(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Demo data and checks, if the job kind takes part in `demo`.
     fn demo(&self) -> Option<&dyn JobDemo> {
         None
@@ -384,6 +392,18 @@ impl Registry {
             .iter()
             .map(|(n, j)| (n.clone(), j.default_config()))
             .collect()
+    }
+
+    /// Every registered kind's output tables, sorted, without repeats.
+    pub fn output_tables(&self) -> Vec<&'static str> {
+        let mut t: Vec<&'static str> = self
+            .jobs
+            .values()
+            .flat_map(|j| j.output_tables().iter().copied())
+            .collect();
+        t.sort_unstable();
+        t.dedup();
+        t
     }
 
     /// The job kinds' migrations, for [`crate::db::migrate`].

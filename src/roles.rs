@@ -1,22 +1,29 @@
 //! `batchonce roles`: least-privilege database roles for each part of the
-//! system, as SQL to review or to apply. Five group roles (NOLOGIN); an
+//! system, as SQL to review or to apply. Six group roles (NOLOGIN); an
 //! administrator grants them to login roles:
 //!
 //! - `<prefix>_migrator`: DDL on the schema; runs `migrate` and `preflight`,
 //!   and owns what it creates, so the default privileges below follow.
-//! - `<prefix>_producer`: inserts runs (`produce`, `enqueue`), and its
-//!   registry row with its configuration.
-//! - `<prefix>_worker`: leases, heartbeats, attempts, its registry row and
-//!   configuration, and
-//!   the job kinds' item tables: select, insert, update, never delete.
-//! - `<prefix>_operator`: the audited `runs fail|rerun|skip`: updates runs
-//!   and attempts, appends to the audit table, and may terminate another
-//!   role's session (`pg_signal_backend`, for `--terminate-blocker`).
+//! - `<prefix>_producer`: enqueues runs through `batchonce_enqueue`, which
+//!   inserts only PENDING (or calendar-SKIPPED) runs; writes its registry
+//!   row and configuration.
+//! - `<prefix>_worker`: claims, heartbeats, fences and finishes runs through
+//!   the worker functions, each of which (but claim and recovery) takes the
+//!   run's current lease token; writes its registry row and configuration,
+//!   and the job kinds' tables (select, insert, update, never delete). It
+//!   has no privilege on the run, attempt or audit tables themselves.
+//! - `<prefix>_operator`: the audited `runs fail|rerun|skip` through the
+//!   operator functions, which write the audit row with the state change;
+//!   reads everything, and may terminate another role's session
+//!   (`pg_signal_backend`, for `--terminate-blocker`).
 //! - `<prefix>_readonly`: reads everything (`status`, `runs list`, the
 //!   exporter, dashboards).
+//! - `<prefix>_program`: a command job's program: the fence and progress
+//!   functions, nothing else; grant it the program's own tables.
 //!
 //! Nobody but the table owner may update, delete or truncate the audit
-//! table; its trigger refuses even the owner.
+//! table; its trigger refuses even the owner, and another stamps every row
+//! with the database's time and session.
 
 use sqlx::PgPool;
 
@@ -30,6 +37,28 @@ const ENGINE_TABLES: &[&str] = &[
     "batch_operator_action",
     "_sqlx_migrations",
 ];
+
+/// The state-change functions each role may call (migration
+/// 20261203000004); every other function of the engine is its owner's.
+const WORKER_FUNCTIONS: &[&str] = &[
+    "batchonce_claim",
+    "batchonce_heartbeat",
+    "batchonce_fence_open",
+    "batchonce_fence_commit",
+    "batchonce_finish",
+    "batchonce_recover_expired",
+    "batchonce_freeze_context",
+    "batchonce_fence",
+    "batchonce_progress",
+];
+const PRODUCER_FUNCTIONS: &[&str] = &["batchonce_enqueue"];
+const OPERATOR_FUNCTIONS: &[&str] = &[
+    "batchonce_operator_check",
+    "batchonce_operator_apply",
+    "batchonce_operator_audit_terminate",
+    "batchonce_operator_hold_row",
+];
+const PROGRAM_FUNCTIONS: &[&str] = &["batchonce_fence", "batchonce_progress"];
 
 /// Role names are `<prefix>_<part>`; the prefix is checked so it can be
 /// spliced into SQL as an identifier.
@@ -50,9 +79,28 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
     }
 }
 
+/// What the roles are granted besides the fixed rules.
+#[derive(Debug, Clone, Default)]
+pub struct RolesOptions<'a> {
+    /// The tables the registered job kinds write (`Registry::output_tables`).
+    pub output_tables: &'a [&'a str],
+    /// Keep the direct writes the previous release's processes need (runs,
+    /// attempts, the audit table, every job kind's table) while a rolling
+    /// upgrade is under way: the expand step. Apply again without it once no
+    /// process of the previous release is left.
+    pub keep_direct_writes: bool,
+}
+
+/// An identifier quoted for SQL: the names are checked, and quoted all the
+/// same, so no name can ever be read as SQL.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 /// The SQL that creates the roles (if missing) and grants their privileges
 /// in `schema`; safe to run again.
-pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
+pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, String> {
+    let output_tables = opts.output_tables;
     check_prefix(prefix)?;
     if !schema
         .chars()
@@ -61,80 +109,128 @@ pub fn sql(prefix: &str, schema: &str) -> Result<String, String> {
     {
         return Err(format!("invalid schema name {schema:?}"));
     }
-    let m = format!("{prefix}_migrator");
-    let p = format!("{prefix}_producer");
-    let w = format!("{prefix}_worker");
-    let o = format!("{prefix}_operator");
-    let r = format!("{prefix}_readonly");
-    let s = schema;
+    let name = |part: &str| format!("{prefix}_{part}");
+    let (m, p, w, o, r, g) = (
+        ident(&name("migrator")),
+        ident(&name("producer")),
+        ident(&name("worker")),
+        ident(&name("operator")),
+        ident(&name("readonly")),
+        ident(&name("program")),
+    );
+    let s = ident(schema);
     let mut out = String::new();
     out.push_str(&format!(
-        "-- Least-privilege roles for batchonce (prefix {prefix}, schema {s}).\n\
+        "-- Least-privilege roles for batchonce (prefix {prefix}, schema {schema}).\n\
          -- Group roles: grant them to login roles, for example\n\
          --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n"
     ));
-    for role in [&m, &p, &w, &o, &r] {
+    for part in [
+        "migrator", "producer", "worker", "operator", "readonly", "program",
+    ] {
+        let role = name(part);
         out.push_str(&format!(
-            "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN\n    CREATE ROLE {role} NOLOGIN;\n  END IF;\nEND $$;\n"
+            "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN\n    CREATE ROLE {} NOLOGIN;\n  END IF;\nEND $$;\n",
+            ident(&role)
         ));
     }
     out.push_str(&format!(
         "\n-- Everyone uses the schema; only the migrator changes it.\n\
-         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r};\n\
+         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g};\n\
          GRANT CREATE ON SCHEMA {s} TO {m};\n"
     ));
     let engine = ENGINE_TABLES
         .iter()
-        .map(|t| format!("{s}.{t}"))
+        .map(|t| format!("{s}.{}", ident(t)))
         .collect::<Vec<_>>()
         .join(", ");
+    let table = |t: &str| format!("{s}.{}", ident(t));
+    let functions = |list: &[&str]| {
+        list.iter()
+            .map(|f| format!("{s}.{}", ident(f)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     // Grants on existing objects only once they exist: the roles come first
     // (the migrator must exist to create the tables), the grants after
     // `migrate`, and default privileges cover what the migrator adds later.
-    let on_tables = [
-        "-- Job kinds' tables (sources and items): workers read and write them.".to_owned(),
-        format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {w}"),
-        format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {w}, {p}, {o}"),
+    for t in output_tables {
+        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("invalid output table name {t:?}"));
+        }
+    }
+    let outputs = output_tables
+        .iter()
+        .map(|t| table(t))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut on_tables = vec![
+        "-- Job kinds' tables: workers read them all (sources) and write only the kinds' output tables.".to_owned(),
+        format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {w}"),
+        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {w}"),
+        format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {w}"),
         format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {p}, {o}, {r}"),
         "-- Nobody but the owner deletes; the roles may have had more before.".to_owned(),
-        format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}"),
-        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}"),
-        "-- Then exactly what each role needs of the engine's tables.".to_owned(),
-        format!("REVOKE INSERT, UPDATE ON {engine} FROM {w}"),
-        format!("GRANT INSERT ON {s}.batch_job_run TO {p}"),
-        format!("GRANT UPDATE ON {s}.batch_job_run, {s}.batch_job_attempt TO {w}, {o}"),
-        format!("GRANT INSERT ON {s}.batch_job_attempt TO {w}"),
+        format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}, {g}"),
+        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}"),
+        format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}"),
+        "-- The engine's tables: no role writes a run, an attempt or an audit row itself; the functions below do.".to_owned(),
+        format!("REVOKE ALL ON {engine} FROM {p}, {w}, {o}, {r}, {g}"),
+        format!("GRANT SELECT ON {engine} TO {p}, {o}, {r}"),
+        "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
+        format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
         "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
-        format!("GRANT INSERT, UPDATE, DELETE ON {s}.batch_worker, {s}.batch_process_config TO {w}, {p}"),
-        format!("GRANT INSERT ON {s}.batch_operator_action TO {o}"),
-        "-- The fence for command jobs runs with the caller's privileges.".to_owned(),
-        format!("REVOKE EXECUTE ON FUNCTION {s}.batchonce_fence(text, bigint) FROM PUBLIC"),
-        format!("GRANT EXECUTE ON FUNCTION {s}.batchonce_fence(text, bigint) TO {w}"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {}, {} TO {w}, {p}",
+            table("batch_worker"),
+            table("batch_process_config")
+        ),
+        "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
+        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}"),
+        format!("GRANT EXECUTE ON FUNCTION {} TO {w}", functions(WORKER_FUNCTIONS)),
+        format!("GRANT EXECUTE ON FUNCTION {} TO {p}", functions(PRODUCER_FUNCTIONS)),
+        format!("GRANT EXECUTE ON FUNCTION {} TO {o}", functions(OPERATOR_FUNCTIONS)),
+        format!("GRANT EXECUTE ON FUNCTION {} TO {g}", functions(PROGRAM_FUNCTIONS)),
     ];
+    if !output_tables.is_empty() {
+        on_tables.push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
+        on_tables.push(format!("GRANT INSERT, UPDATE ON {outputs} TO {w}"));
+    }
+    if opts.keep_direct_writes {
+        on_tables.extend([
+            "-- --keep-direct-writes: what the previous release's processes write directly, until the rolling upgrade is done.".to_owned(),
+            format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {w}"),
+            format!("REVOKE INSERT, UPDATE ON {} FROM {w}", table("batch_operator_action")),
+            format!("GRANT INSERT ON {} TO {p}", table("batch_job_run")),
+            format!("GRANT UPDATE ON {}, {} TO {w}, {o}", table("batch_job_run"), table("batch_job_attempt")),
+            format!("GRANT INSERT ON {} TO {o}", table("batch_operator_action")),
+            format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {p}, {o}"),
+        ]);
+    }
     out.push_str(&format!(
-        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
+        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity), and\n\
+         -- `runs fail --terminate-blocker` ends the session that holds a run.\n\
          GRANT pg_read_all_stats TO {o}, {r};\n\
-         -- `runs fail|rerun|skip --terminate-blocker` ends a worker's session\n\
-         -- that holds a run (pg_terminate_backend); not a superuser's.\n\
          GRANT pg_signal_backend TO {o};\n\
-         \n-- On the tables, once `batchonce migrate` has created them.\n\
-         DO $grants$ BEGIN\n  IF to_regprocedure('{s}.batchonce_fence(text, bigint)') IS NOT NULL THEN\n"
+         \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
+         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue') IS NOT NULL THEN\n"
     ));
     for stmt in &on_tables {
         if stmt.starts_with("--") {
             out.push_str(&format!("    {stmt}\n"));
         } else {
-            out.push_str(&format!("    EXECUTE '{stmt}';\n"));
+            out.push_str(&format!("    EXECUTE '{}';\n", stmt.replace('\'', "''")));
         }
     }
     out.push_str("  END IF;\nEND $grants$;\n");
     out.push_str(&format!(
-        "\n-- Tables the migrator creates later get the same grants.\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE ON TABLES TO {w};\n\
+        "\n-- Tables the migrator creates later can be read; writing a new output table,\n\
+         -- like calling a new function, waits until `batchonce roles` runs again.\n\
+         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r};\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w}, {p}, {o};\n\
+         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT EXECUTE ON FUNCTIONS TO {w};\n"
+         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n"
     ));
     Ok(out)
 }
@@ -149,11 +245,15 @@ pub enum RolesError {
 }
 
 /// Applies [`sql`] in one transaction.
-pub async fn apply(pool: &PgPool, prefix: &str) -> Result<String, RolesError> {
+pub async fn apply(
+    pool: &PgPool,
+    prefix: &str,
+    opts: &RolesOptions<'_>,
+) -> Result<String, RolesError> {
     let schema: String = sqlx::query_scalar("SELECT current_schema()")
         .fetch_one(pool)
         .await?;
-    let text = sql(prefix, &schema).map_err(RolesError::Invalid)?;
+    let text = sql(prefix, &schema, opts).map_err(RolesError::Invalid)?;
     let mut tx = pool.begin().await?;
     sqlx::raw_sql(&text).execute(&mut *tx).await?;
     tx.commit().await?;
@@ -164,6 +264,13 @@ pub async fn apply(pool: &PgPool, prefix: &str) -> Result<String, RolesError> {
 mod tests {
     use super::*;
 
+    fn opts<'a>(tables: &'a [&'a str]) -> RolesOptions<'a> {
+        RolesOptions {
+            output_tables: tables,
+            keep_direct_writes: false,
+        }
+    }
+
     #[test]
     fn prefixes_are_identifiers() {
         assert!(check_prefix("batchonce").is_ok());
@@ -171,18 +278,37 @@ mod tests {
         for bad in ["", "1bo", "Bo", "bo-x", "bo;drop", "bo x", &"a".repeat(41)] {
             assert!(check_prefix(bad).is_err(), "{bad}");
         }
-        assert!(sql("bo", "public; drop").is_err());
+        assert!(sql("bo", "public; drop", &opts(&[])).is_err());
     }
 
     #[test]
     fn workers_never_get_delete_on_items() {
-        let s = sql("bo", "public").unwrap();
+        let s = sql("bo", "public", &opts(&["settlement_item"])).unwrap();
         assert!(s.contains(
-            "EXECUTE 'GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO bo_worker'"
+            "EXECUTE 'GRANT INSERT, UPDATE ON \"public\".\"settlement_item\" TO \"bo_worker\"'"
         ));
-        assert!(s.contains("EXECUTE 'REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA public FROM bo_producer, bo_worker, bo_operator, bo_readonly'"));
+        assert!(s.contains(
+            "EXECUTE 'REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA \"public\" FROM \"bo_worker\"'"
+        ));
+        assert!(sql("bo", "public", &opts(&["x; drop"])).is_err());
+        assert!(s.contains("EXECUTE 'REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"bo_producer\", \"bo_worker\", \"bo_operator\", \"bo_readonly\", \"bo_program\"'"));
         // Nothing in the SQL needs quoting inside EXECUTE '...'.
         assert!(!s.contains("''"));
-        assert!(!s.contains("DELETE ON public.batch_operator_action"));
+        assert!(!s.contains("DELETE ON \"public\".\"batch_operator_action\""));
+    }
+
+    #[test]
+    fn every_identifier_is_quoted() {
+        let s = sql("bo", "public", &opts(&["settlement_item"])).unwrap();
+        for part in [
+            "migrator", "producer", "worker", "operator", "readonly", "program",
+        ] {
+            assert!(s.contains(&format!("\"bo_{part}\"")), "{part}");
+            assert!(!s.contains(&format!(" bo_{part};")), "{part} unquoted");
+        }
+        assert!(s.contains(
+            "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue\" TO \"bo_producer\""
+        ));
+        assert!(s.contains("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA \"public\" FROM PUBLIC"));
     }
 }

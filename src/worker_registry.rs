@@ -36,7 +36,7 @@ pub const ONE_SHOT_LIVE: Duration = Duration::from_secs(3600);
 
 /// How long the rows of processes that stopped without deregistering are
 /// kept (they are evidence for `runs stale` meanwhile).
-const KEEP_DEAD: &str = "7 days";
+const KEEP_DEAD: &str = "30 days";
 
 fn host() -> String {
     nix::unistd::gethostname()
@@ -104,11 +104,11 @@ pub async fn register_process(
         .await?;
     }
     // Processes that stopped without deregistering (SIGKILL, a lost host)
-    // are kept a week as evidence, unless a run still names them.
+    // are kept a month as evidence for `runs stale`: longer than any run
+    // should stay stale unnoticed. (A worker role cannot read the runs, so
+    // the rule cannot ask whether one still names them.)
     crate::db::query(&format!(
-        "DELETE FROM batch_worker w WHERE w.live_until < now() - interval '{KEEP_DEAD}' \
-         AND NOT EXISTS (SELECT 1 FROM batch_job_run r \
-                         WHERE r.status = 'RUNNING' AND r.lease_owner = w.worker_id)"
+        "DELETE FROM batch_worker w WHERE w.live_until < now() - interval '{KEEP_DEAD}'"
     ))
     .execute(&mut *tx)
     .await?;

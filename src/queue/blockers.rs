@@ -591,7 +591,7 @@ async fn attempt(
                         .filter(|e| now.iter().any(|b| same_transaction(&b.session, e)))
                         .collect();
                     if !due.is_empty() {
-                        ended = Some(terminate_audited(pool, req, clock, opts, pid, &due).await?);
+                        ended = Some(terminate_audited(pool, req, opts, pid, &due).await?);
                     }
                 }
                 if !now.is_empty() {
@@ -632,7 +632,6 @@ fn sqlstate(e: &sqlx::Error) -> Option<&str> {
 async fn terminate_audited(
     pool: &PgPool,
     req: &OperatorRequest,
-    clock: Clock,
     opts: ActOptions,
     action: i32,
     targets: &[&Session],
@@ -654,20 +653,15 @@ async fn terminate_audited(
         .bind(format!("{}ms", opts.lock_timeout.as_millis().max(1)))
         .execute(&mut *tx)
         .await?;
-    // The run's status before and after: this row changes no state.
-    crate::db::query(
-        "INSERT INTO batch_operator_action \
-             (at, operator, action, job_key, reason, before_status, after_status, detail) \
-         SELECT COALESCE($1, now()), $2, 'terminate-blocker', r.job_key, $3, r.status, r.status, $4 \
-         FROM batch_job_run r WHERE r.job_key = $5",
-    )
-    .bind(clock.bind())
-    .bind(req.operator.as_str())
-    .bind(req.reason.as_str())
-    .bind(&detail)
-    .bind(req.key.as_str())
-    .execute(&mut *tx)
-    .await?;
+    // The run's status before and after: this row changes no state. A
+    // database function: the operator role writes no audit row directly.
+    crate::db::query("SELECT batchonce_operator_audit_terminate($1, $2, $3, $4)")
+        .bind(req.key.as_str())
+        .bind(req.operator.as_str())
+        .bind(req.reason.as_str())
+        .bind(&detail)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     let pids: Vec<i32> = targets.iter().map(|s| s.pid).collect();
     let starts: Vec<Option<DateTime<Utc>>> = targets.iter().map(|s| s.xact_start).collect();
@@ -685,13 +679,13 @@ async fn terminate_audited(
     // with the ended session's FOR KEY SHARE (no wait) and makes every
     // later writer wait, hence queue behind the action. It lets go once
     // the ended sessions are gone and their worker waits behind it or the
-    // action (whose tuple lock it queues for), or after a second.
+    // action (whose tuple lock it queues for), or after its lock timeout (1 to 5 s).
     let mut tx = pool.begin().await?;
     crate::db::query("SELECT set_config('lock_timeout', $1, true)")
         .bind(format!("{}ms", opts.lock_timeout.as_millis().max(1)))
         .execute(&mut *tx)
         .await?;
-    crate::db::query("SELECT 1 FROM batch_job_run WHERE job_key = $1 FOR NO KEY UPDATE")
+    crate::db::query("SELECT batchonce_operator_hold_row($1)")
         .bind(req.key.as_str())
         .execute(&mut *tx)
         .await?;
@@ -721,7 +715,12 @@ async fn terminate_audited(
         }
         Err(e) => return Err(e.into()),
     };
-    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    // Long enough for a loaded worker to notice its ended session and send
+    // its next statement; bounded by the action's own lock timeout.
+    let until = tokio::time::Instant::now()
+        + opts
+            .lock_timeout
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
     loop {
         // pg_stat_activity is read once per transaction unless told again.
         crate::db::query("SELECT pg_stat_clear_snapshot()")

@@ -178,24 +178,28 @@ pub async fn freeze_held(
     fence: &Fence,
     context: &RunContext,
 ) -> Result<RunContext, QueueError> {
-    let mut arrays = Arrays::default();
-    arrays.push(context);
-    let sql = format!(
-        "WITH c AS (SELECT * FROM unnest({}) AS c({UNNEST_ALIASES})) \
-         UPDATE batch_job_run r SET {ASSIGN} FROM c \
-         WHERE r.job_key = $1 AND r.lease_token = $2 AND r.timezone IS NULL",
-        unnest(3)
-    );
+    let c = context;
+    // A database function: only the lease holder can freeze, and only a
+    // run that has no context yet (migration 20261203000004).
     let mut stmt = crate::db::statement(pool).await?;
-    let q = crate::db::query(&sql)
-        .bind(fence.key.as_str())
-        .bind(fence.token);
-    arrays.bind(q).execute(stmt.conn()).await?;
-    let row = crate::db::query(&format!(
-        "SELECT {COLUMNS} FROM batch_job_run r WHERE r.job_key = $1 AND r.lease_token = $2"
-    ))
+    let row = crate::db::query(
+        "SELECT * FROM batchonce_freeze_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+         $12, $13, $14)",
+    )
     .bind(fence.key.as_str())
     .bind(fence.token)
+    .bind(c.timezone.name())
+    .bind(c.period_start)
+    .bind(c.period_end)
+    .bind(c.covers.as_str())
+    .bind(c.lease_ttl.as_secs_f64())
+    .bind(c.stale_after.as_secs_f64())
+    .bind(c.on_lease_expiry.as_str())
+    .bind(c.chunk_size.min(i32::MAX as u32) as i32)
+    .bind(c.backoff.as_secs_f64())
+    .bind(c.backoff_max.as_secs_f64())
+    .bind(c.max_item_failures.map(|n| n.min(i64::MAX as u64) as i64))
+    .bind(c.attempt_budget.min(i32::MAX as u32) as i32)
     .fetch_optional(stmt.conn())
     .await?;
     stmt.done().await?;

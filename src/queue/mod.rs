@@ -5,7 +5,6 @@
 //! [`Clock`], which is the database's `now()` outside tests.
 
 use std::collections::HashSet;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
@@ -177,33 +176,6 @@ pub struct EnqueueReport {
     pub duplicates: Vec<JobKey>,
 }
 
-/// The enqueue statement: built once, as it splices in the context columns.
-static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r#"
-        INSERT INTO batch_job_run
-            (job_key, job_name, business_date, max_attempts, payload, next_run_at, enqueued_at,
-             status, finished_at, error_message,
-             timezone, period_start, period_end, covers, lease_ttl, stale_after,
-             on_lease_expiry, chunk_size, backoff, backoff_max, max_item_failures,
-             attempt_budget)
-        SELECT k, n, d, m, p, COALESCE($6, now()), COALESCE($6, now()),
-               CASE WHEN why IS NULL THEN 'PENDING' ELSE 'SKIPPED' END,
-               CASE WHEN why IS NULL THEN NULL ELSE COALESCE($6, now()) END,
-               why,
-               c.tz, c.ps, c.pe, c.cov, make_interval(secs => c.ttl),
-               make_interval(secs => c.stale), c.exp, c.chunk, make_interval(secs => c.bo),
-               make_interval(secs => c.bomax), c.mif, c.budget
-        FROM unnest($1::text[], $2::text[], $3::date[], $4::int[], $5::jsonb[], $7::text[], {})
-             AS c(k, n, d, m, p, why, {})
-        ON CONFLICT (job_key) DO NOTHING
-        RETURNING job_key
-        "#,
-        context::unnest(8),
-        context::UNNEST_ALIASES,
-    )
-});
-
 /// Inserts many runs in one statement; existing keys are reported as
 /// duplicates and left untouched. Notifies idle workers in the same
 /// transaction, so the wake-up is sent only if the rows commit.
@@ -250,29 +222,29 @@ pub async fn enqueue(
     if keys.is_empty() {
         return Ok(EnqueueReport::default());
     }
-    let mut tx = pool.begin().await?;
-    let q = crate::db::query(&ENQUEUE_SQL)
-        .bind(&keys)
-        .bind(&names)
-        .bind(&dates)
-        .bind(&maxes)
-        .bind(&payloads)
-        .bind(clock.bind())
-        .bind(&reasons);
+    // The database function inserts PENDING runs, or SKIPPED ones with a
+    // calendar reason, and nothing else (migration 20261203000004); it
+    // notifies idle workers in the same statement.
+    let mut stmt = crate::db::statement(pool).await?;
+    let q = crate::db::query(
+        "SELECT k FROM batchonce_enqueue($1, $2, $3, $4, $5, $6, $7, \
+         $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) AS k",
+    )
+    .bind(&keys)
+    .bind(&names)
+    .bind(&dates)
+    .bind(&maxes)
+    .bind(&payloads)
+    .bind(clock.bind())
+    .bind(&reasons);
     let inserted: Vec<String> = contexts
         .bind(q)
-        .fetch_all(&mut *tx)
+        .fetch_all(stmt.conn())
         .await?
         .iter()
-        .map(|r| r.try_get("job_key"))
+        .map(|r| r.try_get("k"))
         .collect::<Result<_, _>>()?;
-    if !inserted.is_empty() {
-        crate::db::query("SELECT pg_notify($1, '')")
-            .bind(NOTIFY_CHANNEL)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
+    stmt.done().await?;
     let inserted: HashSet<String> = inserted.into_iter().collect();
     let mut report = EnqueueReport::default();
     let mut reported = HashSet::new();
@@ -331,46 +303,6 @@ impl Lease {
     }
 }
 
-/// The claim statement: built once, as it splices in the context columns.
-static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        r#"
-        WITH picked AS (
-            -- The pick lives in a function whose settings keep the plan on
-            -- batch_job_run_claim_idx in claim order, stopping at the limit
-            -- (migration 20260901000005 says why).
-            SELECT batchonce_due_runs($1, $3, COALESCE($5, now())) AS job_key
-        ), claimed AS (
-            UPDATE batch_job_run r
-            SET status = 'RUNNING',
-                attempts = r.attempts + 1,
-                lease_token = nextval('batch_lease_token_seq'),
-                lease_owner = $4,
-                -- The run's own lease length; the claimer's only for a run
-                -- the previous release enqueued without one.
-                lease_expires_at = COALESCE($5, now()) + COALESCE(r.lease_ttl, make_interval(secs => (
-                    SELECT c.ttl FROM unnest($1::text[], $2::float8[]) AS c(n, ttl)
-                    WHERE c.n = r.job_name LIMIT 1))),
-                heartbeat_at = COALESCE($5, now()),
-                heartbeat_processed = r.processed_count,
-                started_at = COALESCE($5, now()),
-                finished_at = NULL
-            -- An array of keys, not a join: a join's estimate of the picked
-            -- rows made the cached plan hash the whole table.
-            WHERE r.job_key = ANY (ARRAY(SELECT job_key FROM picked))
-            RETURNING r.job_key, r.job_name, r.business_date, r.attempts, r.max_attempts,
-                      r.lease_token, r.lease_expires_at, r.processed_count, r.payload,
-                      r.started_at, {}
-        ), attempt AS (
-            INSERT INTO batch_job_attempt (job_key, attempt, lease_token, worker_id, started_at)
-            SELECT job_key, attempts, lease_token, $4, started_at FROM claimed
-        )
-        SELECT * FROM claimed
-        "#,
-        context::COLUMNS
-    )
-});
-
 /// Claims up to `limit` due PENDING runs in one statement: `SKIP LOCKED` keeps
 /// concurrent claimers off each other's rows, every claim draws a new token
 /// from the sequence, and the attempt row is written by the same statement.
@@ -387,7 +319,9 @@ pub async fn claim(
     let names: Vec<&str> = specs.iter().map(|s| s.job.as_str()).collect();
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(&CLAIM_SQL)
+    // The claim runs in a database function (migration 20261203000004),
+    // which alone may turn a PENDING run into a RUNNING one with a new token.
+    let rows = crate::db::query("SELECT * FROM batchonce_claim($1, $2, $3, $4, $5)")
         .bind(&names)
         .bind(&ttls)
         .bind(limit as i64)
@@ -453,40 +387,13 @@ pub async fn heartbeat(
     let tokens: Vec<i64> = held.iter().map(|h| h.fence.token).collect();
     let ttls: Vec<f64> = held.iter().map(|h| h.lease_ttl.as_secs_f64()).collect();
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        r#"
-        WITH h AS (
-            SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS h(job_key, token, ttl)
-        ), mine AS (
-            SELECT r.job_key FROM batch_job_run r JOIN h
-              ON r.job_key = h.job_key AND r.lease_token = h.token
-            WHERE r.status = 'RUNNING'
-        ), locked AS (
-            SELECT r.job_key FROM batch_job_run r JOIN h
-              ON r.job_key = h.job_key AND r.lease_token = h.token
-            WHERE r.status = 'RUNNING'
-            FOR NO KEY UPDATE OF r SKIP LOCKED
-        ), extended AS (
-            UPDATE batch_job_run r
-            SET heartbeat_at = COALESCE($4, now()),
-                heartbeat_processed = r.processed_count,
-                lease_expires_at = COALESCE($4, now()) + make_interval(secs => h.ttl)
-            FROM h, locked
-            WHERE r.job_key = h.job_key AND r.job_key = locked.job_key
-            RETURNING r.job_key
-        )
-        SELECT h.job_key,
-               EXISTS (SELECT 1 FROM extended e WHERE e.job_key = h.job_key) AS extended,
-               EXISTS (SELECT 1 FROM mine m WHERE m.job_key = h.job_key) AS mine
-        FROM h
-        "#,
-    )
-    .bind(&keys)
-    .bind(&tokens)
-    .bind(&ttls)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
+    let rows = crate::db::query("SELECT * FROM batchonce_heartbeat($1, $2, $3, $4)")
+        .bind(&keys)
+        .bind(&tokens)
+        .bind(&ttls)
+        .bind(clock.bind())
+        .fetch_all(stmt.conn())
+        .await?;
     stmt.done().await?;
     let mut report = HeartbeatReport::default();
     for row in rows {
@@ -565,19 +472,13 @@ pub async fn begin_fenced(
     // a worker that abandons the handler can end it if it is still running
     // (and locking) on the server; through PgBouncer too, since the pid is
     // the server's, and one transaction stays on one server connection.
-    let ok: Option<(i32, DateTime<Utc>)> = crate::db::query_as(
-        r#"
-        SELECT pg_backend_pid(), now() FROM batch_job_run
-        WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
-          AND lease_expires_at > COALESCE($3, now())
-        FOR KEY SHARE
-        "#,
-    )
-    .bind(fence.key.as_str())
-    .bind(fence.token)
-    .bind(clock.bind())
-    .fetch_optional(&mut *tx)
-    .await?;
+    let ok: Option<(i32, DateTime<Utc>)> =
+        crate::db::query_as("SELECT pid, xact_start FROM batchonce_fence_open($1, $2, $3)")
+            .bind(fence.key.as_str())
+            .bind(fence.token)
+            .bind(clock.bind())
+            .fetch_optional(&mut *tx)
+            .await?;
     let Some((pid, xact_start)) = ok else {
         return Err(QueueError::LeaseLost(fence.key.to_string()));
     };
@@ -626,47 +527,22 @@ impl FencedTx {
     /// Advances the run's counters and extends its lease (progress is proof
     /// of life), then commits everything written in the fence.
     pub async fn commit(mut self) -> Result<(i64, i64), QueueError> {
-        let n = crate::db::query(
-            r#"
-            UPDATE batch_job_run
-            SET processed_count = processed_count + $3,
-                failed_count = failed_count + $4,
-                -- clock_timestamp(), not now(): now() is when this chunk's
-                -- transaction began, and a long chunk must not commit an
-                -- already-expired lease.
-                heartbeat_at = COALESCE($6, clock_timestamp()),
-                lease_expires_at = GREATEST(lease_expires_at,
-                                            COALESCE($6, clock_timestamp())
-                                            + make_interval(secs => $5))
-            WHERE job_key = $1 AND lease_token = $2 AND status = 'RUNNING'
-            "#,
-        )
-        .bind(self.fence.key.as_str())
-        .bind(self.fence.token)
-        .bind(self.processed)
-        .bind(self.failed)
-        .bind(self.lease_ttl.as_secs_f64())
-        .bind(self.clock.bind())
-        .execute(&mut *self.tx)
-        .await?
-        .rows_affected();
+        // The run's and the attempt's counters, and the lease extended, in
+        // the database function only a lease holder can call with effect.
+        let n: i32 =
+            crate::db::query_scalar("SELECT batchonce_fence_commit($1, $2, $3, $4, $5, $6)")
+                .bind(self.fence.key.as_str())
+                .bind(self.fence.token)
+                .bind(self.processed)
+                .bind(self.failed)
+                .bind(self.lease_ttl.as_secs_f64())
+                .bind(self.clock.bind())
+                .fetch_one(&mut *self.tx)
+                .await?;
         if n != 1 {
             // Unreachable while the row lock is held; checked all the same.
             return Err(QueueError::LeaseLost(self.fence.key.to_string()));
         }
-        // The attempt's own counters too, so its history row shows what it
-        // wrote even if the worker dies before finishing.
-        crate::db::query(
-            "UPDATE batch_job_attempt \
-             SET processed_count = processed_count + $3, failed_count = failed_count + $4 \
-             WHERE job_key = $1 AND lease_token = $2",
-        )
-        .bind(self.fence.key.as_str())
-        .bind(self.fence.token)
-        .bind(self.processed)
-        .bind(self.failed)
-        .execute(&mut *self.tx)
-        .await?;
         self.tx.commit().await?;
         Ok((self.processed, self.failed))
     }
@@ -826,76 +702,15 @@ pub async fn finish_many_within(
             crate::db::StatementConn::Tx(tx)
         }
     };
-    let rows = crate::db::query(
-        r#"
-        WITH f AS (
-            SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::float8[])
-                AS f(job_key, token, kind, message, delay)
-        ), next AS (
-            SELECT r.job_key, f.token, f.kind, f.message, f.delay,
-                   CASE
-                     WHEN f.kind = 'succeeded' THEN 'SUCCEEDED'
-                     WHEN f.kind = 'skipped' THEN 'SKIPPED'
-                     WHEN f.kind = 'release' THEN 'PENDING'
-                     WHEN f.kind = 'retry' AND r.attempts < r.max_attempts THEN 'PENDING'
-                     ELSE 'FAILED'
-                   END AS status,
-                   r.lease_expires_at <= COALESCE($6, now()) AS expired
-            FROM f
-            JOIN batch_job_run r ON r.job_key = f.job_key AND r.lease_token = f.token
-            WHERE r.status = 'RUNNING'
-            -- Rows are locked in key order, so two batches can never wait
-            -- on each other in a cycle.
-            ORDER BY r.job_key
-            FOR NO KEY UPDATE OF r
-        ), upd AS (
-            UPDATE batch_job_run r
-            SET status = next.status,
-                next_run_at = CASE WHEN next.status = 'PENDING'
-                                   THEN COALESCE($6, now()) + make_interval(secs => next.delay)
-                                   ELSE r.next_run_at END,
-                finished_at = CASE WHEN next.status = 'PENDING' THEN NULL
-                                   ELSE COALESCE($6, now()) END,
-                lease_expires_at = NULL,
-                -- A released run gets a new token at once, so nothing still
-                -- running under the old one can commit.
-                lease_token = CASE WHEN next.kind = 'release'
-                                   THEN nextval('batch_lease_token_seq')
-                                   ELSE r.lease_token END,
-                -- A release is not a failure: the budget grows by the attempt
-                -- it used, so attempts never exceed max_attempts.
-                max_attempts = CASE WHEN next.kind = 'release'
-                                    THEN LEAST(r.max_attempts + 1, 1000)
-                                    ELSE r.max_attempts END,
-                error_message = CASE WHEN next.kind = 'succeeded' THEN NULL
-                                     WHEN next.kind = 'release' THEN r.error_message
-                                     ELSE next.message END
-            FROM next
-            WHERE r.job_key = next.job_key
-            RETURNING r.job_key, r.status, next.token, next.kind, next.message, next.expired
-        ), attempt AS (
-            UPDATE batch_job_attempt a
-            SET finished_at = COALESCE($6, now()),
-                outcome = CASE
-                            WHEN upd.kind = 'retry' AND upd.status = 'PENDING' THEN 'retried'
-                            WHEN upd.kind = 'retry' THEN 'failed'
-                            WHEN upd.kind = 'release' THEN 'released'
-                            ELSE upd.kind END,
-                error_message = upd.message
-            FROM upd
-            WHERE a.job_key = upd.job_key AND a.lease_token = upd.token
-        )
-        SELECT job_key, status, expired FROM upd
-        "#,
-    )
-    .bind(&keys)
-    .bind(&tokens)
-    .bind(&kinds)
-    .bind(&messages)
-    .bind(&delays)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
+    let rows = crate::db::query("SELECT * FROM batchonce_finish($1, $2, $3, $4, $5, $6)")
+        .bind(&keys)
+        .bind(&tokens)
+        .bind(&kinds)
+        .bind(&messages)
+        .bind(&delays)
+        .bind(clock.bind())
+        .fetch_all(stmt.conn())
+        .await?;
     stmt.done().await?;
     let mut done = std::collections::HashMap::with_capacity(rows.len());
     for row in rows {
@@ -952,50 +767,12 @@ pub async fn recover_expired(
     let names: Vec<&str> = jobs.iter().map(JobName::as_str).collect();
     let legacy: Vec<&str> = legacy_retry.iter().map(JobName::as_str).collect();
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        r#"
-        WITH expired AS (
-            SELECT job_key, lease_token AS old_token, lease_owner AS old_owner
-            FROM batch_job_run
-            WHERE status = 'RUNNING'
-              AND lease_expires_at <= COALESCE($2, now())
-              AND job_name = ANY($1)
-              AND COALESCE(on_lease_expiry,
-                           CASE WHEN job_name = ANY($3) THEN 'retry' ELSE 'hold' END) = 'retry'
-            -- FOR UPDATE, which a fenced transaction's KEY SHARE lock holds
-            -- off: a holder that is still writing commits first, or not at
-            -- all, before the run moves on.
-            FOR UPDATE SKIP LOCKED
-        ), upd AS (
-            UPDATE batch_job_run r
-            SET status = CASE WHEN r.attempts < r.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
-                next_run_at = COALESCE($2, now()),
-                finished_at = CASE WHEN r.attempts < r.max_attempts THEN NULL
-                                   ELSE COALESCE($2, now()) END,
-                lease_token = nextval('batch_lease_token_seq'),
-                lease_expires_at = NULL,
-                error_message = left('lease expired: worker ' || coalesce(e.old_owner, '?')
-                                     || ' stopped heartbeating', 1000)
-            FROM expired e
-            WHERE r.job_key = e.job_key
-            RETURNING r.job_key, r.status, e.old_owner
-        ), attempt AS (
-            UPDATE batch_job_attempt a
-            SET finished_at = COALESCE($2, now()),
-                outcome = 'lease_expired',
-                error_message = 'lease expired without a heartbeat'
-            FROM expired e
-            WHERE a.job_key = e.job_key AND a.lease_token = e.old_token
-              AND a.finished_at IS NULL
-        )
-        SELECT job_key, status, old_owner FROM upd
-        "#,
-    )
-    .bind(&names)
-    .bind(clock.bind())
-    .bind(&legacy)
-    .fetch_all(stmt.conn())
-    .await?;
+    let rows = crate::db::query("SELECT * FROM batchonce_recover_expired($1, $3, $2)")
+        .bind(&names)
+        .bind(clock.bind())
+        .bind(&legacy)
+        .fetch_all(stmt.conn())
+        .await?;
     stmt.done().await?;
     rows.iter()
         .map(|row| {
@@ -1269,19 +1046,15 @@ async fn check_action(
     clock: Clock,
     lock: bool,
 ) -> Result<Result<String, Refused>, QueueError> {
-    let sql = format!(
-        "SELECT status, (lease_expires_at <= COALESCE($3, now()) \
-                 OR started_at < COALESCE($3, now()) \
-                    - COALESCE(stale_after, make_interval(secs => $2))) IS TRUE \
-         FROM batch_job_run WHERE job_key = $1{}",
-        if lock { " FOR UPDATE" } else { "" }
-    );
-    let row: Option<(String, bool)> = crate::db::query_as(&sql)
-        .bind(req.key.as_str())
-        .bind(req.stale_after.as_secs_f64())
-        .bind(clock.bind())
-        .fetch_optional(&mut *tx)
-        .await?;
+    // A database function: the operator role cannot lock the row itself.
+    let row: Option<(String, bool)> =
+        crate::db::query_as("SELECT status, stale FROM batchonce_operator_check($1, $2, $3, $4)")
+            .bind(req.key.as_str())
+            .bind(req.stale_after.as_secs_f64())
+            .bind(clock.bind())
+            .bind(lock)
+            .fetch_optional(&mut *tx)
+            .await?;
     let Some((status, stale)) = row else {
         return Err(QueueError::Invalid(format!("no run with key {}", req.key)));
     };
@@ -1348,40 +1121,25 @@ pub(crate) async fn apply_action_in(
         req.operator,
         req.reason
     ));
-    // check_action locked the row, so this cannot miss; the WHERE repeats
-    // the expected state all the same.
+    // check_action locked the row, so this cannot miss; the function's
+    // WHERE repeats the expected state all the same. The new state, the
+    // closed attempt and the audit row are one call of a database function
+    // (migration 20261203000004): the operator role can change a run no
+    // other way, and the audit row's time and session are the database's.
     let updated: Option<String> = crate::db::query_scalar(
-        r#"
-        WITH upd AS (
-            UPDATE batch_job_run r
-            SET status = $3,
-                finished_at = CASE WHEN $3 = 'PENDING' THEN NULL ELSE COALESCE($5, now()) END,
-                next_run_at = CASE WHEN $3 = 'PENDING' THEN COALESCE($5, now()) ELSE r.next_run_at END,
-                lease_token = CASE WHEN r.status = 'RUNNING' THEN nextval('batch_lease_token_seq')
-                                   ELSE r.lease_token END,
-                lease_expires_at = NULL,
-                max_attempts = CASE WHEN $3 = 'PENDING'
-                                    THEN LEAST(r.attempts + COALESCE(r.attempt_budget, $6), 1000)
-                                    ELSE r.max_attempts END,
-                error_message = $4
-            WHERE r.job_key = $1 AND r.status = ANY($2)
-            RETURNING r.job_key, r.lease_token
-        ), attempt AS (
-            UPDATE batch_job_attempt a
-            SET finished_at = COALESCE($5, now()), outcome = 'operator_failed', error_message = $4
-            FROM upd
-            WHERE a.job_key = upd.job_key AND a.finished_at IS NULL AND $3 = 'FAILED'
-        )
-        SELECT job_key FROM upd
-        "#,
+        "SELECT batchonce_operator_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(req.key.as_str())
+    .bind(req.action.as_str())
     .bind(&allowed)
     .bind(req.action.target().as_str())
     .bind(&message)
     .bind(clock.bind())
     .bind(req.max_attempts as i32)
-    .fetch_optional(&mut *tx)
+    .bind(req.operator.as_str())
+    .bind(req.reason.as_str())
+    .bind(before.as_str())
+    .fetch_one(&mut *tx)
     .await?;
     if updated.is_none() {
         tx.rollback().await?;
@@ -1399,18 +1157,6 @@ pub(crate) async fn apply_action_in(
             detail: " (another action changed it first)".into(),
         }));
     }
-    crate::db::query(
-        "INSERT INTO batch_operator_action          (at, operator, action, job_key, reason, before_status, after_status)          VALUES (COALESCE($1, now()), $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(clock.bind())
-    .bind(req.operator.as_str())
-    .bind(req.action.as_str())
-    .bind(req.key.as_str())
-    .bind(req.reason.as_str())
-    .bind(before.as_str())
-    .bind(req.action.target().as_str())
-    .execute(&mut *tx)
-    .await?;
     tx.commit().await?;
     Ok(Ok(ActionOutcome {
         job_key: req.key.to_string(),

@@ -141,6 +141,10 @@ impl Job for InventorySync {
         Some(&MIGRATIONS)
     }
 
+    fn output_tables(&self) -> &'static [&'static str] {
+        &["inventory_level"]
+    }
+
     fn demo(&self) -> Option<&dyn JobDemo> {
         Some(self)
     }

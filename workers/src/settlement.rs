@@ -50,6 +50,10 @@ impl Job for DailySettlement {
         Some(&MIGRATIONS)
     }
 
+    fn output_tables(&self) -> &'static [&'static str] {
+        &["settlement_item", "settlement_summary"]
+    }
+
     fn demo(&self) -> Option<&dyn JobDemo> {
         Some(self)
     }

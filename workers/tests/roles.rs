@@ -60,7 +60,9 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     let out = run(&db.url, &["roles", "--prefix", &prefix, "--apply"]);
     ok(&out);
     let admin = &db.pool;
-    for part in ["migrator", "producer", "worker", "operator", "readonly"] {
+    for part in [
+        "migrator", "producer", "worker", "operator", "readonly", "program",
+    ] {
         sqlx::query(&format!("ALTER ROLE {} LOGIN", role(part)))
             .execute(admin)
             .await
@@ -104,6 +106,18 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     )
     .await;
     denied(&url("producer"), "DELETE FROM batch_job_run").await;
+    // A finished run inserted directly would block its period forever.
+    denied(
+        &url("producer"),
+        "INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
+         VALUES ('daily-settlement:2030-01-01', 'daily-settlement', '2030-01-01', 1, 'SUCCEEDED')",
+    )
+    .await;
+    denied(
+        &url("producer"),
+        "SELECT * FROM batchonce_claim(ARRAY['daily-settlement'], ARRAY[30::float8], 1, 'p', NULL)",
+    )
+    .await;
 
     // A worker settles the date.
     let mut worker = Command::new(BIN)
@@ -141,6 +155,31 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     denied(&url("worker"), "DELETE FROM batch_job_run").await;
     denied(&url("worker"), "INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) VALUES ('x:2026-01-01', 'x', '2026-01-01', 1)").await;
     denied(&url("worker"), "INSERT INTO batch_operator_action (operator, action, job_key, reason, before_status, after_status) VALUES ('w', 'fail', 'daily-settlement:2026-09-15', 'r', 'RUNNING', 'FAILED')").await;
+    // Nor changes a run, or learns another run's token, but through the
+    // functions that take its lease token; nor writes the application's
+    // source tables.
+    denied(
+        &url("worker"),
+        "UPDATE batch_job_run SET status = 'SUCCEEDED' WHERE job_key = 'daily-settlement:2026-09-15'",
+    )
+    .await;
+    denied(&url("worker"), "SELECT lease_token FROM batch_job_run").await;
+    denied(
+        &url("worker"),
+        "UPDATE batch_job_attempt SET outcome = 'succeeded'",
+    )
+    .await;
+    denied(&url("worker"), "UPDATE orders SET amount_minor = 0").await;
+    denied(
+        &url("worker"),
+        "INSERT INTO orders (order_id, merchant_id, amount_minor, paid_at) VALUES (999999, 1, 1, now())",
+    )
+    .await;
+    denied(
+        &url("worker"),
+        "SELECT batchonce_operator_hold_row('daily-settlement:2026-09-15')",
+    )
+    .await;
 
     // The operator acts through the audited commands, and cannot rewrite
     // the audit trail or delete items.
@@ -166,6 +205,24 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     .await;
     denied(&url("operator"), "DELETE FROM batch_operator_action").await;
     denied(&url("operator"), "DELETE FROM settlement_item").await;
+    // No state change but the audited one, and no audit row of its own
+    // making (back-dated, naming another session).
+    denied(
+        &url("operator"),
+        "UPDATE batch_job_run SET status = 'FAILED' WHERE job_key = 'daily-settlement:2026-09-15'",
+    )
+    .await;
+    denied(
+        &url("operator"),
+        "INSERT INTO batch_operator_action (at, operator, session_user_name, action, job_key, reason, before_status, after_status) \
+         VALUES ('2020-01-01', 'kim', 'somebody_else', 'fail', 'daily-settlement:2026-09-15', 'r', 'RUNNING', 'FAILED')",
+    )
+    .await;
+    denied(
+        &url("operator"),
+        "SELECT * FROM batchonce_finish(ARRAY['daily-settlement:2026-09-15'], ARRAY[1::bigint], ARRAY['succeeded'], ARRAY[NULL::text], ARRAY[0::float8], NULL)",
+    )
+    .await;
     let actions: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_operator_action")
         .fetch_one(admin)
         .await
@@ -173,6 +230,118 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     assert_eq!(actions, 1);
     // Even the owner cannot rewrite history: the trigger refuses.
     denied(&url("migrator"), "DELETE FROM batch_operator_action").await;
+    // And the database stamps every audit row with its own time and
+    // session, whatever the client sends, the owner included.
+    let owner_pool = batchonce::db::connect(&url("migrator"), "roles-test", 1)
+        .await
+        .unwrap();
+    let (at_recent, who): (bool, String) = sqlx::query_as(
+        "INSERT INTO batch_operator_action (at, operator, session_user_name, action, job_key, reason, before_status, after_status) \
+         VALUES ('2020-01-01', 'kim', 'somebody_else', 'skip', 'daily-settlement:2026-09-15', 'a drill', 'PENDING', 'PENDING') \
+         RETURNING at > now() - interval '1 minute', session_user_name",
+    )
+    .fetch_one(&owner_pool)
+    .await
+    .unwrap();
+    owner_pool.close().await;
+    assert!(at_recent, "a back-dated audit row was kept");
+    assert_eq!(who, role("migrator"));
+
+    // A worker holding a lease, and the narrower role of a command job's
+    // program: the fence and its progress, for the token it was given, and
+    // nothing else.
+    ok(&run(
+        &url("producer"),
+        &["enqueue", "daily-settlement", "--date", "2026-09-16"],
+    ));
+    let worker_pool = batchonce::db::connect(&url("worker"), "roles-test", 1)
+        .await
+        .unwrap();
+    let (key, token): (String, i64) = sqlx::query_as(
+        "SELECT job_key, lease_token FROM batchonce_claim(ARRAY['daily-settlement'], ARRAY[30::float8], 1, 'roles-test', NULL)",
+    )
+    .fetch_one(&worker_pool)
+    .await
+    .unwrap();
+    // Presenting any other token changes nothing.
+    let finished: Vec<String> = sqlx::query_scalar(
+        "SELECT job_key FROM batchonce_finish(ARRAY[$1], ARRAY[$2::bigint], ARRAY['succeeded'], ARRAY[NULL::text], ARRAY[0::float8], NULL)",
+    )
+    .bind(&key)
+    .bind(token ^ 1)
+    .fetch_all(&worker_pool)
+    .await
+    .unwrap();
+    assert!(finished.is_empty());
+    worker_pool.close().await;
+    let before: i64 =
+        sqlx::query_scalar("SELECT processed_count FROM batch_job_run WHERE job_key = $1")
+            .bind(&key)
+            .fetch_one(admin)
+            .await
+            .unwrap();
+    let program = batchonce::db::connect(&url("program"), "roles-test", 1)
+        .await
+        .unwrap();
+    let mut tx = program.begin().await.unwrap();
+    sqlx::query("SELECT batchonce_fence($1, $2)")
+        .bind(&key)
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT batchonce_progress($1, $2, 7)")
+        .bind(&key)
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let bad = sqlx::query("SELECT batchonce_progress($1, $2, 7)")
+        .bind(&key)
+        .bind(token ^ 1)
+        .execute(&program)
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("lease lost"), "{bad}");
+    program.close().await;
+    let (status, processed): (String, i64) =
+        sqlx::query_as("SELECT status, processed_count FROM batch_job_run WHERE job_key = $1")
+            .bind(&key)
+            .fetch_one(admin)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), processed), ("RUNNING", before + 7));
+    denied(
+        &url("program"),
+        "UPDATE batch_job_run SET status = 'SUCCEEDED'",
+    )
+    .await;
+    denied(&url("program"), "SELECT * FROM orders").await;
+    denied(&url("program"), "SELECT lease_token FROM batch_job_run").await;
+    denied(
+        &url("program"),
+        "SELECT * FROM batchonce_finish(ARRAY['x:1'], ARRAY[1::bigint], ARRAY['succeeded'], ARRAY[NULL::text], ARRAY[0::float8], NULL)",
+    )
+    .await;
+    // A role that was granted nothing calls none of the engine's functions:
+    // none is executable by PUBLIC.
+    sqlx::query(&format!("CREATE ROLE {prefix}_nobody LOGIN"))
+        .execute(admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("GRANT USAGE ON SCHEMA public TO {prefix}_nobody"))
+        .execute(admin)
+        .await
+        .unwrap();
+    for f in [
+        "SELECT batchonce_fence('x:1', 1)",
+        "SELECT batchonce_new_token()",
+        "SELECT * FROM batchonce_due_runs(ARRAY['x'], 1, now())",
+        "SELECT * FROM batchonce_enqueue(ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::date[], ARRAY[]::int[], ARRAY[]::jsonb[], NULL, ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::timestamptz[], ARRAY[]::timestamptz[], ARRAY[]::text[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::text[], ARRAY[]::int[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::bigint[], ARRAY[]::int[])",
+    ] {
+        denied(&as_user(&db.url, &format!("{prefix}_nobody")), f).await;
+    }
 
     // The read-only role inspects and changes nothing.
     ok(&run(&url("readonly"), &["status"]));
@@ -193,7 +362,13 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     let admin = batchonce::db::connect(&server, "roles-test", 1)
         .await
         .unwrap();
-    for part in ["migrator", "producer", "worker", "operator", "readonly"] {
+    sqlx::query(&format!("DROP ROLE IF EXISTS {prefix}_nobody"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    for part in [
+        "migrator", "producer", "worker", "operator", "readonly", "program",
+    ] {
         sqlx::query(&format!("DROP ROLE IF EXISTS {}", role(part)))
             .execute(&admin)
             .await
@@ -205,8 +380,8 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
 fn roles_prints_sql_and_refuses_a_bad_prefix() {
     let out = Command::new(BIN).args(["roles"]).output().unwrap();
     let sql = ok(&out);
-    assert!(sql.contains("CREATE ROLE batchonce_worker NOLOGIN"));
-    assert!(sql.contains("GRANT CREATE ON SCHEMA public TO batchonce_migrator"));
+    assert!(sql.contains("CREATE ROLE \"batchonce_worker\" NOLOGIN"));
+    assert!(sql.contains("GRANT CREATE ON SCHEMA \"public\" TO \"batchonce_migrator\""));
     let out = Command::new(BIN)
         .args(["roles", "--prefix", "x; DROP TABLE batch_job_run"])
         .output()

@@ -207,6 +207,10 @@ impl Job for NotificationSend {
         Some(&MIGRATIONS)
     }
 
+    fn output_tables(&self) -> &'static [&'static str] {
+        &["notification_delivery"]
+    }
+
     fn demo(&self) -> Option<&dyn JobDemo> {
         Some(self)
     }
