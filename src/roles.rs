@@ -311,4 +311,21 @@ mod tests {
         ));
         assert!(s.contains("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA \"public\" FROM PUBLIC"));
     }
+
+    #[test]
+    fn keeping_direct_writes_is_explicit() {
+        let strict = sql("bo", "public", &opts(&[])).unwrap();
+        assert!(!strict.contains("GRANT UPDATE ON \"public\".\"batch_job_run\""));
+        let kept = sql(
+            "bo",
+            "public",
+            &RolesOptions {
+                output_tables: &[],
+                keep_direct_writes: true,
+            },
+        )
+        .unwrap();
+        assert!(kept.contains("GRANT UPDATE ON \"public\".\"batch_job_run\", \"public\".\"batch_job_attempt\" TO \"bo_worker\", \"bo_operator\""));
+        assert!(kept.contains("GRANT INSERT ON \"public\".\"batch_job_run\" TO \"bo_producer\""));
+    }
 }
