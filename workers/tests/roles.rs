@@ -13,10 +13,12 @@ use chrono::NaiveDate;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
-fn as_user(url: &str, user: &str) -> String {
+/// The URL of `url`'s server as `user`, who logs in with `password`: the
+/// private test cluster lets nobody in without one (SCRAM).
+fn as_user(url: &str, user: &str, password: &str) -> String {
     let mut u = url::Url::parse(url).unwrap();
     u.set_username(user).unwrap();
-    u.set_password(None).unwrap();
+    u.set_password(Some(password)).unwrap();
     u.to_string()
 }
 
@@ -60,13 +62,22 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     let out = run(&db.url, &["roles", "--prefix", &prefix, "--apply"]);
     ok(&out);
     let admin = &db.pool;
+    // Alphanumeric, so it needs no quoting in SQL or in a URL.
+    let password = format!(
+        "pw{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    );
     for part in ["migrator", "producer", "worker", "operator", "readonly"] {
-        sqlx::query(&format!("ALTER ROLE {} LOGIN", role(part)))
-            .execute(admin)
-            .await
-            .unwrap();
+        sqlx::query(&format!(
+            "ALTER ROLE {} LOGIN PASSWORD '{password}'",
+            role(part)
+        ))
+        .execute(admin)
+        .await
+        .unwrap();
     }
-    let url = |part: &str| as_user(&db.url, &role(part));
+    let url = |part: &str| as_user(&db.url, &role(part), &password);
     // 2. The migrator creates (and owns) every table.
     ok(&run(&url("migrator"), &["migrate"]));
     let owner: String = sqlx::query_scalar(
