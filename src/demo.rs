@@ -94,14 +94,16 @@ pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> any
             let c = tokio::task::spawn_blocking(move || Cluster::start(&opts))
                 .await
                 .context("cluster start panicked")??;
+            // Where the password is, never the password itself.
             println!(
-                "database: private PostgreSQL cluster in {} ({})",
+                "database: private PostgreSQL cluster in {} ({}; only this user can connect, password in {})",
                 c.dir().display(),
                 if c.started_here {
                     "started"
                 } else {
                     "already running"
-                }
+                },
+                c.dir().join(crate::embedded::PASSWORD_FILE).display()
             );
             let u = c.url("postgres");
             cluster = Some(c);

@@ -21,20 +21,28 @@ fn server_url() -> &'static str {
                 return u;
             }
         }
-        let dir = std::env::var_os("BATCHONCE_TEST_PGDIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/batchonce-test-pg")
-            });
-        let opts = ClusterOptions {
-            dir,
-            durable: false,
-            max_connections: 400,
-        };
         // Tests cannot run without a database: failing loudly is the point.
-        let cluster = Cluster::start(&opts).unwrap_or_else(|e| panic!("test database: {e}"));
+        let cluster =
+            Cluster::start(&cluster_options()).unwrap_or_else(|e| panic!("test database: {e}"));
         cluster.url("postgres")
     })
+}
+
+/// The shared private cluster the tests use when `DATABASE_URL` is unset:
+/// under `target/batchonce-test-pg` (or `BATCHONCE_TEST_PGDIR`), at most 400
+/// connections, no fsync. `Cluster::start` with these attaches to it (for
+/// tests of the cluster itself).
+pub fn cluster_options() -> ClusterOptions {
+    let dir = std::env::var_os("BATCHONCE_TEST_PGDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/batchonce-test-pg")
+        });
+    ClusterOptions {
+        dir,
+        durable: false,
+        max_connections: 400,
+    }
 }
 
 /// The server tests create databases on (for tests that need another

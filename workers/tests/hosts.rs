@@ -16,6 +16,7 @@
 //! `BATCHONCE_NETNS_TEST=1 cargo test -p batchonce-workers --test hosts -- --nocapture`
 
 use std::ffi::OsStr;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -198,14 +199,19 @@ impl Lab {
             .flatten()
             .expect("BATCHONCE_NETNS_TEST=1 needs a `postgres` user to run the server as");
         // Under /tmp, because `postgres` may not be able to reach the target
-        // folder (a checkout under /root); `create_dir` rather than
+        // folder (a checkout under /root); `create` rather than
         // `create_dir_all`, so a folder someone else made first is refused.
+        // 0700: the server trusts its socket's users, so only root and
+        // `postgres` may reach the socket in it.
         let dir = PathBuf::from(format!(
             "/tmp/batchonce-hosts-{}-{:08x}",
             std::process::id(),
             rand::random::<u32>()
         ));
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         self.pg_dir = Some(dir.clone());
         nix::unistd::chown(&dir, Some(user.uid), Some(user.gid)).unwrap();
         let data = dir.join("data");

@@ -7,7 +7,9 @@
 //! Without `--pgbouncer` the worker cannot even connect (its session setting
 //! is refused), and the commands that need a session refuse the flag.
 
+use std::io::Write;
 use std::net::TcpListener;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
@@ -49,6 +51,9 @@ struct Bouncer {
     child: Child,
     port: u16,
     dir: PathBuf,
+    /// The server's password for its user (percent-encoded, as in the URL),
+    /// which clients of the bouncer need too.
+    password: Option<String>,
 }
 
 impl Drop for Bouncer {
@@ -73,11 +78,41 @@ impl Bouncer {
             .local_addr()
             .unwrap()
             .port();
-        std::fs::write(
-            dir.join("userlist.txt"),
-            format!("\"{}\" \"\"\n", opts.get_username()),
-        )
-        .unwrap();
+        // The server's password, which PgBouncer logs in with and asks its
+        // own clients for: the private test cluster lets nobody in without
+        // it. Without one (a DATABASE_URL server that trusts local logins),
+        // PgBouncer trusts its clients as the server would.
+        let password = url::Url::parse(db_url)
+            .unwrap()
+            .password()
+            .map(str::to_owned);
+        let plain = password.as_deref().map(|p| {
+            url::form_urlencoded::parse(format!("p={p}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        });
+        let auth_type = if plain.is_some() {
+            "scram-sha-256"
+        } else {
+            "trust"
+        };
+        // 0600: the file holds the password.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join("userlist.txt"))
+            .unwrap()
+            .write_all(
+                format!(
+                    "\"{}\" \"{}\"\n",
+                    opts.get_username(),
+                    plain.unwrap_or_default().replace('"', "\"\"")
+                )
+                .as_bytes(),
+            )
+            .unwrap();
         // sqlx sends extra_float_digits at startup, which PgBouncer does not
         // track: it must be ignored. `options` is deliberately not ignored,
         // so a client that sends session settings is refused, not silently
@@ -85,7 +120,7 @@ impl Bouncer {
         let ini = format!(
             "[databases]\nbench = host={host} port={} dbname={database} user={}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = transaction\n\
+             auth_type = {auth_type}\nauth_file = {dir}/userlist.txt\npool_mode = transaction\n\
              default_pool_size = 3\nmax_client_conn = 200\nignore_startup_parameters = extra_float_digits\n\
              idle_transaction_timeout = 10\nadmin_users = {}\nlogfile = {dir}/pgbouncer.log\n",
             opts.get_port(),
@@ -120,6 +155,7 @@ impl Bouncer {
             child,
             port,
             dir: dir.to_owned(),
+            password,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -134,7 +170,10 @@ impl Bouncer {
     }
 
     fn url(&self, user: &str) -> String {
-        format!("postgres://{user}@127.0.0.1:{}/bench", self.port)
+        match &self.password {
+            Some(p) => format!("postgres://{user}:{p}@127.0.0.1:{}/bench", self.port),
+            None => format!("postgres://{user}@127.0.0.1:{}/bench", self.port),
+        }
     }
 }
 
@@ -199,6 +238,12 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
         .get_username()
         .to_owned();
     let via = bouncer.url(&user);
+    // PgBouncer is no way around the server's password.
+    if bouncer.password.is_some() {
+        let bare = format!("postgres://{user}@127.0.0.1:{}/bench", bouncer.port);
+        let err = sqlx::PgPool::connect(&bare).await.unwrap_err().to_string();
+        assert!(err.contains("authentication failed"), "{err}");
+    }
     let config = dir.join("batchonce.toml");
     std::fs::write(
         &config,
@@ -348,12 +393,9 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
 
     // PgBouncer really carried the work: its admin console (simple protocol
     // only) counts the transactions it passed on to the server.
-    let admin = sqlx::PgPool::connect(&format!(
-        "postgres://{user}@127.0.0.1:{}/pgbouncer",
-        bouncer.port
-    ))
-    .await
-    .unwrap();
+    let admin = sqlx::PgPool::connect(&batchonce::db::with_database(&via, "pgbouncer").unwrap())
+        .await
+        .unwrap();
     let stats = sqlx::raw_sql("SHOW STATS").fetch_all(&admin).await.unwrap();
     // The simple protocol returns text; PgBouncer declares its counters as
     // numeric, which is read here as the text it is.

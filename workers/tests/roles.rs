@@ -13,10 +13,12 @@ use chrono::NaiveDate;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
-fn as_user(url: &str, user: &str) -> String {
+/// The URL of `url`'s server as `user`, who logs in with `password`: the
+/// private test cluster lets nobody in without one (SCRAM).
+fn as_user(url: &str, user: &str, password: &str) -> String {
     let mut u = url::Url::parse(url).unwrap();
     u.set_username(user).unwrap();
-    u.set_password(None).unwrap();
+    u.set_password(Some(password)).unwrap();
     u.to_string()
 }
 
@@ -60,15 +62,24 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     let out = run(&db.url, &["roles", "--prefix", &prefix, "--apply"]);
     ok(&out);
     let admin = &db.pool;
+    // Alphanumeric, so it needs no quoting in SQL or in a URL.
+    let password = format!(
+        "pw{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    );
     for part in [
         "migrator", "producer", "worker", "operator", "readonly", "program",
     ] {
-        sqlx::query(&format!("ALTER ROLE {} LOGIN", role(part)))
-            .execute(admin)
-            .await
-            .unwrap();
+        sqlx::query(&format!(
+            "ALTER ROLE {} LOGIN PASSWORD '{password}'",
+            role(part)
+        ))
+        .execute(admin)
+        .await
+        .unwrap();
     }
-    let url = |part: &str| as_user(&db.url, &role(part));
+    let url = |part: &str| as_user(&db.url, &role(part), &password);
     // 2. The migrator creates (and owns) every table.
     ok(&run(&url("migrator"), &["migrate"]));
     let owner: String = sqlx::query_scalar(
@@ -326,10 +337,12 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     .await;
     // A role that was granted nothing calls none of the engine's functions:
     // none is executable by PUBLIC.
-    sqlx::query(&format!("CREATE ROLE {prefix}_nobody LOGIN"))
-        .execute(admin)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "CREATE ROLE {prefix}_nobody LOGIN PASSWORD '{password}'"
+    ))
+    .execute(admin)
+    .await
+    .unwrap();
     sqlx::query(&format!("GRANT USAGE ON SCHEMA public TO {prefix}_nobody"))
         .execute(admin)
         .await
@@ -340,7 +353,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
         "SELECT * FROM batchonce_due_runs(ARRAY['x'], 1, now())",
         "SELECT * FROM batchonce_enqueue(ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::date[], ARRAY[]::int[], ARRAY[]::jsonb[], NULL, ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::timestamptz[], ARRAY[]::timestamptz[], ARRAY[]::text[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::text[], ARRAY[]::int[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::bigint[], ARRAY[]::int[])",
     ] {
-        denied(&as_user(&db.url, &format!("{prefix}_nobody")), f).await;
+        denied(&as_user(&db.url, &format!("{prefix}_nobody"), &password), f).await;
     }
 
     // The read-only role inspects and changes nothing.
