@@ -379,8 +379,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     }
     let config = load_config(&cli, &registry)?;
     // Jobs of the user's own (`command = [...]`) join the built-in kinds.
-    let registry =
-        crate::command::register_commands(registry, &config, cli.database_url.as_deref());
+    let registry = crate::command::register_commands(registry, &config);
     match &cli.command {
         Command::Demo => {
             let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
