@@ -5,12 +5,13 @@
 //! sent" harmless: the retry sends again with the same key.
 //!
 //! Bundled: [`OutboxSender`], files in a folder (demo, tests, and a spool
-//! another process ships), and [`WebhookSender`], an HTTP POST with the key in
-//! the `Idempotency-Key` header, a timeout and retries.
+//! another process ships), and [`super::webhook::WebhookSender`], an HTTP
+//! POST with the key in the `Idempotency-Key` header, a timeout and retries.
+//! Whatever the sender, the message id it answers is stored only if
+//! [`checked_message_id`] accepts it.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
@@ -53,6 +54,21 @@ pub enum SendError {
 #[async_trait]
 pub trait Sender: Send + Sync + std::fmt::Debug {
     async fn send(&self, message: &Message<'_>) -> Result<Receipt, SendError>;
+}
+
+/// Longest provider message id stored, in bytes.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+
+/// A provider's message id as it may be stored
+/// (`notification_delivery.provider_message_id`) and later printed: 1 to
+/// [`MAX_MESSAGE_ID_BYTES`] printable ASCII characters without spaces, the
+/// shape of every provider's ids. Anything else (a megabyte, an escape
+/// sequence meant for an operator's terminal) is not an id: `None`.
+pub fn checked_message_id(id: &str) -> Option<&str> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_MESSAGE_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_graphic());
+    ok.then_some(id)
 }
 
 /// Checks an address for its channel, as a provider would before accepting.
@@ -263,143 +279,6 @@ impl OwnedMessage {
     }
 }
 
-/// POSTs each message as JSON to a URL with `Idempotency-Key: <key>`.
-/// 2xx is sent (the message id is the response's `message_id`, else its
-/// `X-Message-Id` header, else the key; `Idempotent-Replayed: true` marks a
-/// duplicate); 408, 429, 5xx and network errors are retried up to `retries`
-/// times with backoff, then reported transient; other 4xx are rejections.
-#[derive(Debug, Clone)]
-pub struct WebhookSender {
-    client: reqwest::Client,
-    url: reqwest::Url,
-    retries: u32,
-    bearer: Option<String>,
-}
-
-impl WebhookSender {
-    pub fn new(
-        url: &str,
-        timeout: Duration,
-        retries: u32,
-        bearer: Option<String>,
-    ) -> Result<Self, String> {
-        let url = parse_webhook_url(url)?;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .user_agent(concat!("batchonce/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self {
-            client,
-            url,
-            retries,
-            bearer,
-        })
-    }
-
-    async fn once(&self, m: &Message<'_>) -> Result<Receipt, (bool, String)> {
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .header("Idempotency-Key", m.idempotency_key)
-            .json(m);
-        if let Some(token) = &self.bearer {
-            req = req.bearer_auth(token);
-        }
-        let resp = req.send().await.map_err(|e| {
-            let kind = if e.is_timeout() {
-                "timed out"
-            } else if e.is_connect() {
-                "cannot connect"
-            } else {
-                "request failed"
-            };
-            (true, format!("webhook {kind}: {}", without_url(&e)))
-        })?;
-        let status = resp.status();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
-        let header_id = header("x-message-id");
-        // The body is read with a cap: a provider's answer is small.
-        let body = resp.bytes().await.unwrap_or_default();
-        let text = String::from_utf8_lossy(&body[..body.len().min(2048)]).into_owned();
-        if status.is_success() {
-            let id = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["message_id"].as_str().map(str::to_owned))
-                .or(header_id)
-                .unwrap_or_else(|| m.idempotency_key.to_owned());
-            return Ok(Receipt {
-                provider_message_id: id,
-                duplicate: replayed,
-            });
-        }
-        let retry = status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429;
-        Err((retry, format!("webhook answered {status}: {}", text.trim())))
-    }
-}
-
-/// Keeps a URL's credentials out of messages.
-fn without_url(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    if let Some(u) = e.url() {
-        s = s.replace(u.as_str(), &redact_url(u));
-    }
-    s
-}
-
-fn redact_url(u: &reqwest::Url) -> String {
-    let mut u = u.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
-    }
-    u.set_query(None);
-    u.to_string()
-}
-
-/// A webhook URL: http or https with a host.
-pub fn parse_webhook_url(url: &str) -> Result<reqwest::Url, String> {
-    let u = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
-    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-        return Err(format!(
-            "expected an http:// or https:// URL with a host, found {:?}",
-            redact_url(&u)
-        ));
-    }
-    Ok(u)
-}
-
-#[async_trait]
-impl Sender for WebhookSender {
-    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
-        let mut delay = Duration::from_millis(200);
-        let mut attempt = 0;
-        loop {
-            match self.once(m).await {
-                Ok(r) => return Ok(r),
-                Err((false, msg)) => return Err(SendError::Rejected(msg)),
-                Err((true, msg)) if attempt >= self.retries => {
-                    return Err(SendError::Transient(format!(
-                        "{msg} (after {} tries)",
-                        attempt + 1
-                    )))
-                }
-                Err((true, _)) => {
-                    attempt += 1;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,12 +299,27 @@ mod tests {
     }
 
     #[test]
-    fn webhook_urls_must_be_http() {
-        assert!(parse_webhook_url("https://hooks.example.com/notify").is_ok());
-        assert!(parse_webhook_url("ftp://example.com").is_err());
-        assert!(parse_webhook_url("not a url").is_err());
-        let e = parse_webhook_url("file://user:secret@/x").unwrap_err();
-        assert!(!e.contains("secret"), "{e}");
+    fn message_ids_are_short_printable_tokens() {
+        assert_eq!(checked_message_id("msg-42"), Some("msg-42"));
+        assert_eq!(
+            checked_message_id("<0a1b@mail.example>"),
+            Some("<0a1b@mail.example>")
+        );
+        let longest = "x".repeat(MAX_MESSAGE_ID_BYTES);
+        assert_eq!(checked_message_id(&longest), Some(longest.as_str()));
+        for bad in [
+            "",
+            &"x".repeat(MAX_MESSAGE_ID_BYTES + 1),
+            "abc\u{1b}[2Jdef",
+            "a\u{7f}",
+            "a\u{9b}b",
+            "id\u{202e}di",
+            "two words",
+            "line\nbreak",
+            "메시지",
+        ] {
+            assert_eq!(checked_message_id(bad), None, "{bad:?}");
+        }
     }
 
     #[tokio::test]
