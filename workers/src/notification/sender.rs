@@ -11,6 +11,7 @@
 //! [`checked_message_id`] accepts it.
 
 use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -111,7 +112,11 @@ pub fn validate_address(channel: &str, address: &str) -> Result<(), String> {
 /// Writes each message once to `<dir>/sent/<idempotency key>.json` and logs
 /// every call to `<dir>/calls.log`. The file is created with a hard link,
 /// which fails if it exists, so two processes sending the same key deliver it
-/// once between them.
+/// once between them. A message holds a customer's address and body, so
+/// every file is created `0600` and every folder this sender creates `0700`
+/// (before the umask): only the worker's user reads them. A folder that
+/// exists already keeps its mode, since an operator may have shared it on
+/// purpose.
 #[derive(Debug, Clone)]
 pub struct OutboxSender {
     dir: PathBuf,
@@ -128,7 +133,7 @@ impl OutboxSender {
 
     fn deliver(&self, m: &Message<'_>) -> std::io::Result<Receipt> {
         let sent = self.dir.join("sent");
-        std::fs::create_dir_all(&sent)?;
+        private_dir(&sent)?;
         // The key is made of [A-Za-z0-9-] (see the delivery table), so it is
         // a safe file name; anything else is refused rather than escaped.
         if m.idempotency_key.is_empty()
@@ -161,7 +166,14 @@ impl OutboxSender {
             rand::random::<u64>()
         ));
         {
-            let mut f = std::fs::File::create(&tmp)?;
+            // Private from its creation: the link below shares this inode,
+            // mode included, so the delivered file is never readable by
+            // others, not even for a moment.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(PRIVATE_FILE)
+                .open(&tmp)?;
             f.write_all(record.to_string().as_bytes())?;
             f.sync_all()?;
         }
@@ -184,7 +196,7 @@ impl OutboxSender {
     }
 
     fn log_call(&self, m: &Message<'_>, result: &str) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
+        private_dir(&self.dir)?;
         let line = serde_json::json!({
             "idempotency_key": m.idempotency_key,
             "business_date": m.business_date,
@@ -199,9 +211,23 @@ impl OutboxSender {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(PRIVATE_FILE)
             .open(self.dir.join("calls.log"))?;
         f.write_all(format!("{line}\n").as_bytes())
     }
+}
+
+/// The mode of every file the outbox creates.
+const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every folder the outbox creates.
+const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `dir` and its missing parents with [`PRIVATE_DIR`].
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(dir)
 }
 
 fn read_message_id(path: &Path) -> std::io::Result<Option<String>> {
@@ -350,6 +376,23 @@ mod tests {
         ));
         let calls = std::fs::read_to_string(dir.join("calls.log")).unwrap();
         assert_eq!(calls.lines().count(), 3);
+        // Only the worker's user reads addresses and bodies, whatever the
+        // umask lets through (it can only take bits away).
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &Path| {
+            format!(
+                "{:o}",
+                std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+            )
+        };
+        assert_eq!(mode(&dir), "700", "the outbox folder");
+        assert_eq!(mode(&dir.join("sent")), "700", "sent/");
+        assert_eq!(mode(&dir.join("calls.log")), "600", "calls.log");
+        let delivered = dir.join("sent/bo-20260915-abc.json");
+        assert_eq!(mode(&delivered), "600", "the delivered message");
+        // Nothing else is left in sent/: the temporary file is gone.
+        let names: Vec<_> = std::fs::read_dir(dir.join("sent")).unwrap().collect();
+        assert_eq!(names.len(), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
