@@ -3,8 +3,9 @@
 //! exactly once per key without being rewritten. This module owns the
 //! program's attempt: its environment (the run's identity and lease token,
 //! and of the worker's own only what the configuration names, see
-//! [`environment`], so the worker's secrets stay in the worker), its output (every line into the worker's logs), the exit-code contract,
-//! the timeout, and when its process group is stopped (SIGTERM and
+//! [`environment`], so the worker's secrets stay in the worker), its output
+//! (every line into the worker's logs), the exit-code contract, the
+//! timeout, and when its process group is stopped (SIGTERM and
 //! `kill_grace` on shutdown or timeout, SIGKILL at once when the lease is
 //! lost). The program runs under a supervisor ([`crate::supervisor`]) that
 //! this module keeps renewing from the lease's confirmed extensions, so it is

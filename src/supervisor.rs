@@ -12,8 +12,9 @@
 //!
 //! - worker to supervisor: `env <json>` (the program's whole environment,
 //!   before the first renewal; it holds credentials, so no message ever
-//!   repeats an unreadable line, only its first word and length), `renew <ms>` (the deadline becomes now + ms
-//!   on the supervisor's monotonic clock; the first one starts the program),
+//!   repeats an unreadable line, only its first word and length),
+//!   `renew <ms>` (the deadline becomes now + ms on the supervisor's
+//!   monotonic clock; the first one starts the program),
 //!   `term` (SIGTERM to the group) and `kill` (SIGKILL to the group). End of
 //!   file, when the worker dies or drops its handle, is SIGKILL to the group.
 //! - supervisor to worker: `started <pid>` or `failed <errno> <message>`,
