@@ -18,6 +18,7 @@ use crate::job::Registry;
 use crate::key::{parse_date, JobKey, JobName};
 use crate::producer;
 use crate::queue::{self, RunStatus};
+use crate::text::{escape_for_terminal as esc, json_for_terminal};
 use crate::worker::{self, Shutdown, WorkerOptions};
 
 #[derive(Debug, Parser)]
@@ -306,9 +307,10 @@ pub fn main(registry: Registry) -> ExitCode {
                     msg.push_str(&c);
                 }
             }
-            // One line, and bounded: an error may quote a huge input.
+            // One line, and bounded: an error may quote a huge input, and
+            // stored text (a database's message) is shown, never obeyed.
             let msg = crate::queue::truncate(&msg.replace(['\n', '\r'], " "));
-            eprintln!("batchonce: error: {msg}");
+            eprintln!("batchonce: error: {}", esc(&msg));
             ExitCode::FAILURE
         }
     }
@@ -384,8 +386,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     }
     let config = load_config(&cli, &registry)?;
     // Jobs of the user's own (`command = [...]`) join the built-in kinds.
-    let registry =
-        crate::command::register_commands(registry, &config, cli.database_url.as_deref());
+    let registry = crate::command::register_commands(registry, &config);
     match &cli.command {
         Command::Demo => {
             let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
@@ -665,11 +666,16 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
                 v["config_drift"] = serde_json::to_value(&drift)?;
-                println!("{v}");
+                println!("{}", json_for_terminal(&v)?);
             } else {
                 println!("{:<28} {:<10} {:>8}", "JOB", "STATUS", "RUNS");
                 for c in &st.counts {
-                    println!("{:<28} {:<10} {:>8}", c.job_name, c.status, c.runs);
+                    println!(
+                        "{:<28} {:<10} {:>8}",
+                        esc(&c.job_name),
+                        esc(&c.status),
+                        c.runs
+                    );
                 }
                 match st.oldest_pending_seconds {
                     Some(s) => println!("oldest due pending run: {s:.0}s"),
@@ -681,7 +687,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                     if st.stale.is_empty() {
                         "none".to_owned()
                     } else {
-                        st.stale.join(", ")
+                        esc(&st.stale.join(", ")).into_owned()
                     }
                 );
                 print_drift(&drift);
@@ -704,14 +710,14 @@ async fn runs_command(
                 queue::stale_runs(pool, &queue::StaleSpec::from_config(config), Clock::Db).await?;
             let drift = crate::worker_registry::config_drift(pool).await?;
             if json_out {
-                println!("{}", serde_json::to_string(&stale)?);
+                println!("{}", json_for_terminal(&stale)?);
                 // Standard output stays the list scripts read.
                 for d in &drift {
                     eprintln!(
                         "batchonce: warning: live processes run {} with {} different configurations (keys: {}); see `batchonce status`",
-                        d.job_name,
+                        esc(&d.job_name),
                         distinct_fingerprints(d),
-                        d.keys.join(", ")
+                        esc(&d.keys.join(", "))
                     );
                 }
                 return Ok(ExitCode::SUCCESS);
@@ -725,11 +731,11 @@ async fn runs_command(
                     .unwrap_or_else(|| "never".into())
             };
             for r in &stale {
-                println!("{}  {}", r.job_key, r.conclusion);
+                println!("{}  {}", esc(&r.job_key), esc(&r.conclusion));
                 println!(
                     "  attempt {} by {}, running {:.0}s{}",
                     r.attempt,
-                    r.worker_id.as_deref().unwrap_or("?"),
+                    esc(r.worker_id.as_deref().unwrap_or("?")),
                     r.running_seconds,
                     if r.lease_expired {
                         ", lease expired"
@@ -756,7 +762,7 @@ async fn runs_command(
                     println!(
                         "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
                         w.pid,
-                        w.wait_event.as_deref().unwrap_or("?"),
+                        esc(w.wait_event.as_deref().unwrap_or("?")),
                         w.waiting_seconds.unwrap_or(0.0),
                         if w.for_this_run {
                             ""
@@ -765,9 +771,9 @@ async fn runs_command(
                         }
                     );
                     for b in &w.blockers {
-                        println!("    {}", b.session.describe());
+                        println!("    {}", esc(&b.session.describe()));
                         for s in &b.blocked_by {
-                            println!("      {}", s.describe());
+                            println!("      {}", esc(&s.describe()));
                         }
                     }
                 }
@@ -808,21 +814,23 @@ async fn runs_command(
             };
             let outcome = &report.outcome;
             if json_out {
-                println!("{}", serde_json::to_string(&report)?);
+                println!("{}", json_for_terminal(&report)?);
                 return Ok(ExitCode::SUCCESS);
             }
             for s in &report.terminated {
-                println!("terminated {} (audited)", s.describe());
+                println!("terminated {} (audited)", esc(&s.describe()));
             }
+            let (key, before, after) = (
+                esc(&outcome.job_key),
+                esc(&outcome.before),
+                esc(&outcome.after),
+            );
             if outcome.applied {
-                println!(
-                    "{} {}: {} -> {} (audited)",
-                    outcome.action, outcome.job_key, outcome.before, outcome.after
-                );
+                println!("{} {key}: {before} -> {after} (audited)", outcome.action);
             } else {
                 println!(
-                    "dry run: {} {} would change {} -> {}; nothing changed",
-                    outcome.action, outcome.job_key, outcome.before, outcome.after
+                    "dry run: {} {key} would change {before} -> {after}; nothing changed",
+                    outcome.action
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -840,7 +848,7 @@ async fn runs_command(
             };
             let runs = queue::list_runs(pool, status, job.as_ref(), *limit).await?;
             if json_out {
-                println!("{}", serde_json::to_string(&runs)?);
+                println!("{}", json_for_terminal(&runs)?);
             } else {
                 println!(
                     "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} FINISHED",
@@ -849,8 +857,8 @@ async fn runs_command(
                 for r in runs {
                     println!(
                         "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} {}",
-                        r.job_key,
-                        r.status,
+                        esc(&r.job_key),
+                        esc(&r.status),
                         format!("{}/{}", r.attempts, r.max_attempts),
                         r.processed_count,
                         r.failed_count,
@@ -874,13 +882,15 @@ async fn runs_command(
             if json_out {
                 println!(
                     "{}",
-                    json!({"run": run, "attempts": attempts, "operator_actions": actions})
+                    json_for_terminal(
+                        &json!({"run": run, "attempts": attempts, "operator_actions": actions})
+                    )?
                 );
             } else {
-                println!("key:          {}", run.job_key);
-                println!("job:          {}", run.job_name);
+                println!("key:          {}", esc(&run.job_key));
+                println!("job:          {}", esc(&run.job_name));
                 println!("business date {}", run.business_date);
-                println!("status:       {}", run.status);
+                println!("status:       {}", esc(&run.status));
                 println!("attempts:     {}/{}", run.attempts, run.max_attempts);
                 println!(
                     "processed:    {} (failed {})",
@@ -916,32 +926,33 @@ async fn runs_command(
                 println!("next run at:  {}", run.next_run_at.to_rfc3339());
                 match (&run.lease_owner, run.status.as_str()) {
                     (Some(o), "RUNNING") => println!(
-                        "lease:        {o} token {} expires {}",
+                        "lease:        {} token {} expires {}",
+                        esc(o),
                         run.lease_token.unwrap_or_default(),
                         run.lease_expires_at
                             .map(|t| t.to_rfc3339())
                             .unwrap_or_else(|| "-".into())
                     ),
-                    (Some(o), _) => println!("last worker:  {o}"),
+                    (Some(o), _) => println!("last worker:  {}", esc(o)),
                     (None, _) => {}
                 }
 
                 if let Some(e) = &run.error_message {
-                    println!("message:      {e}");
+                    println!("message:      {}", esc(e));
                 }
                 println!("attempts:");
                 for a in attempts {
                     println!(
                         "  #{:<3} {:<24} token {:<6} {:<14} processed {:<6} failed {:<4} {} .. {}{}",
                         a.attempt,
-                        a.worker_id,
+                        esc(&a.worker_id),
                         a.lease_token,
-                        a.outcome.as_deref().unwrap_or("running"),
+                        esc(a.outcome.as_deref().unwrap_or("running")),
                         a.processed_count,
                         a.failed_count,
                         a.started_at.to_rfc3339(),
                         a.finished_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
-                        a.error_message.map(|e| format!("  ({e})")).unwrap_or_default(),
+                        a.error_message.map(|e| format!("  ({})", esc(&e))).unwrap_or_default(),
                     );
                 }
                 if !actions.is_empty() {
@@ -950,15 +961,15 @@ async fn runs_command(
                         println!(
                             "  {} {} by {} (session {}): {} -> {}: {}",
                             a.at.to_rfc3339(),
-                            a.action,
-                            a.operator,
-                            a.session_user,
-                            a.before_status,
-                            a.after_status,
-                            a.reason
+                            esc(&a.action),
+                            esc(&a.operator),
+                            esc(&a.session_user),
+                            esc(&a.before_status),
+                            esc(&a.after_status),
+                            esc(&a.reason)
                         );
                         if let Some(d) = &a.detail {
-                            println!("    {d}");
+                            println!("    {}", esc(d));
                         }
                     }
                 }
@@ -973,15 +984,15 @@ async fn runs_command(
 /// as one object on stdout. Exit 1.
 fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
     let line = crate::queue::truncate(&b.to_string());
-    eprintln!("batchonce: error: {line}");
+    eprintln!("batchonce: error: {}", esc(&line));
     if json_out {
         let mut v = serde_json::to_value(b)?;
         v["error"] = json!("blocked");
         v["message"] = json!(line);
-        println!("{v}");
+        println!("{}", json_for_terminal(&v)?);
     } else {
         for l in b.detail() {
-            eprintln!("{l}");
+            eprintln!("{}", esc(&l));
         }
     }
     Ok(ExitCode::FAILURE)
@@ -1002,14 +1013,17 @@ fn print_drift(drift: &[crate::worker_registry::ConfigDrift]) {
     for d in drift {
         println!(
             "configuration drift: {} is run with {} different configurations; keys that differ: {}",
-            d.job_name,
+            esc(&d.job_name),
             distinct_fingerprints(d),
-            d.keys.join(", ")
+            esc(&d.keys.join(", "))
         );
         for p in &d.processes {
             println!(
                 "  {}  {} {} on {}",
-                p.fingerprint, p.role, p.process_id, p.host
+                esc(&p.fingerprint),
+                esc(&p.role),
+                esc(&p.process_id),
+                esc(&p.host)
             );
         }
     }

@@ -1,9 +1,11 @@
 //! Command jobs: a job declared in `batchonce.toml` with `command = [...]`
 //! runs that program as its handler, so a batch script in any language runs
 //! exactly once per key without being rewritten. This module owns the
-//! program's attempt: its environment (the run's identity and lease token),
-//! its output (every line into the worker's logs), the exit-code contract,
-//! the timeout, and when its process group is stopped (SIGTERM and
+//! program's attempt: its environment (the run's identity and lease token,
+//! and of the worker's own only what the configuration names, see
+//! [`environment`], so the worker's secrets stay in the worker), its output
+//! (every line into the worker's logs), the exit-code contract, the
+//! timeout, and when its process group is stopped (SIGTERM and
 //! `kill_grace` on shutdown or timeout, SIGKILL at once when the lease is
 //! lost). The program runs under a supervisor ([`crate::supervisor`]) that
 //! this module keeps renewing from the lease's confirmed extensions, so it is
@@ -14,7 +16,7 @@
 //! 2, 126, 127) FAILED at once; anything else, a signal or the timeout: retry
 //! with backoff until `max_attempts`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,34 +42,21 @@ const MAX_LINE_BYTES: usize = 16 * 1024;
 pub struct CommandJob {
     name: JobName,
     config: JobConfig,
-    database_url: Option<String>,
 }
 
 impl CommandJob {
-    /// `config.command` must be set; `database_url` is passed to the program.
-    pub fn new(name: JobName, config: JobConfig, database_url: Option<String>) -> Self {
-        Self {
-            name,
-            config,
-            database_url,
-        }
+    /// `config.command` must be set.
+    pub fn new(name: JobName, config: JobConfig) -> Self {
+        Self { name, config }
     }
 }
 
 /// Adds a [`CommandJob`] for every job of the configuration that declares a
 /// command and is not a built-in kind.
-pub fn register_commands(
-    mut registry: Registry,
-    config: &Config,
-    database_url: Option<&str>,
-) -> Registry {
+pub fn register_commands(mut registry: Registry, config: &Config) -> Registry {
     for (name, cfg) in &config.jobs {
         if cfg.command.is_some() && registry.get(name).is_none() {
-            registry = registry.register(CommandJob::new(
-                name.clone(),
-                cfg.clone(),
-                database_url.map(str::to_owned),
-            ));
+            registry = registry.register(CommandJob::new(name.clone(), cfg.clone()));
         }
     }
     registry
@@ -87,13 +76,41 @@ impl Job for CommandJob {
         let spec = ctx.config.command.as_ref().ok_or_else(|| {
             JobError::Fatal(format!("job {} has no `command` configured", ctx.job))
         })?;
-        run_command(spec, ctx, self.database_url.as_deref()).await
+        run_command(spec, ctx).await
     }
 }
 
-/// The environment a command receives, besides the worker's own.
-pub fn environment(ctx: &JobContext, database_url: Option<&str>) -> Vec<(String, String)> {
-    let mut env = vec![
+/// The variables of the worker's environment that every program receives
+/// when the worker has them, besides every `LC_*`: what a program needs to
+/// find programs, its home, its locale, its time zone and its temporary
+/// folder, and who it runs as. `SHELL` is not among them: the program is
+/// run directly, not through a shell; name it in `pass_env` if a program
+/// wants it.
+pub const BASE_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME",
+];
+
+/// Why a program's environment cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error(
+        "database_url_env names {0}, which is not set (or empty) in the worker's environment; \
+         set it to the URL this program connects with"
+    )]
+    DatabaseUrlUnset(String),
+}
+
+/// The worker's environment as the program's is built from: its variables
+/// whose name and value are UTF-8 (the control socket carries JSON).
+pub fn worker_environment() -> BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// The run's own variables: its identity, lease token and context.
+pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
+    vec![
         ("BATCHONCE_JOB_KEY".into(), ctx.key.to_string()),
         ("BATCHONCE_JOB_NAME".into(), ctx.job.to_string()),
         (
@@ -117,12 +134,43 @@ pub fn environment(ctx: &JobContext, database_url: Option<&str>) -> Vec<(String,
             ctx.run.period_end.to_rfc3339(),
         ),
         ("BATCHONCE_PAYLOAD".into(), ctx.payload.to_string()),
-    ];
-    if let Some(url) = database_url {
-        env.push(("BATCHONCE_DATABASE_URL".into(), url.to_owned()));
-        env.push(("DATABASE_URL".into(), url.to_owned()));
+    ]
+}
+
+/// The program's whole environment, and nothing else: the [`BASE_ENV`]
+/// and `LC_*` variables of the worker's, the ones `pass_env` names, the
+/// job's `env` table, the run's variables, and the URL of
+/// `database_url_env` as `DATABASE_URL` and `BATCHONCE_DATABASE_URL`. Each
+/// later source wins over an earlier one (the configuration refuses the
+/// names that would clash with the worker's own). A `pass_env` name the
+/// worker does not have is left out, as if unset.
+pub fn environment(
+    spec: &CommandSpec,
+    run: Vec<(String, String)>,
+    worker: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let mut env = BTreeMap::new();
+    for (k, v) in worker {
+        if BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_") {
+            env.insert(k.clone(), v.clone());
+        }
     }
-    env
+    for name in &spec.pass_env {
+        if let Some(v) = worker.get(name) {
+            env.insert(name.clone(), v.clone());
+        }
+    }
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(run);
+    if let Some(var) = &spec.database_url_env {
+        let url = worker
+            .get(var)
+            .filter(|u| !u.trim().is_empty())
+            .ok_or_else(|| EnvError::DatabaseUrlUnset(var.clone()))?;
+        env.insert("BATCHONCE_DATABASE_URL".into(), url.clone());
+        env.insert("DATABASE_URL".into(), url.clone());
+    }
+    Ok(env.into_iter().collect())
 }
 
 /// The supervisor's deadline for a lease renewal: a quarter of the ttl
@@ -132,12 +180,12 @@ fn program_deadline(renewal: LeaseRenewal) -> Instant {
     renewal.expires_no_earlier_than() - renewal.ttl / 4
 }
 
-async fn run_command(
-    spec: &CommandSpec,
-    ctx: &JobContext,
-    database_url: Option<&str>,
-) -> Result<Outcome, JobError> {
+async fn run_command(spec: &CommandSpec, ctx: &JobContext) -> Result<Outcome, JobError> {
     let program = &spec.argv[0];
+    // Built first: a missing database URL is a configuration problem that
+    // another attempt would meet again.
+    let env = environment(spec, run_variables(ctx), &worker_environment())
+        .map_err(|e| JobError::Fatal(e.to_string()))?;
     let mut cmd = supervisor::command(supervisor::own_executable(), &spec.argv);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     if let Some(dir) = &spec.working_dir {
@@ -174,12 +222,6 @@ async fn run_command(
         Some(last_stdout.clone()),
     );
     let err = forward(stderr, "stderr", ctx, tail.clone(), None);
-    let env = spec
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .chain(environment(ctx, database_url))
-        .collect();
     let pid = match sup.start(env, deadline).await {
         Ok(pid) => pid,
         Err(e) => {
@@ -474,6 +516,74 @@ mod tests {
         buf.clear();
         read_line_capped(&mut r, &mut buf).await.unwrap();
         assert_eq!(buf, b"next\n");
+    }
+
+    fn worker() -> BTreeMap<String, String> {
+        [
+            ("PATH", "/usr/bin:/bin"),
+            ("HOME", "/home/batch"),
+            ("LANG", "ko_KR.UTF-8"),
+            ("LC_TIME", "C"),
+            ("TZ", "Asia/Seoul"),
+            ("SHELL", "/bin/bash"),
+            ("DATABASE_URL", "postgres://worker:worker-pw@db/batch"),
+            (
+                "BATCHONCE_LISTEN_URL",
+                "postgres://worker:listen-pw@db/batch",
+            ),
+            ("NOTIFY_API_TOKEN", "token-secret"),
+            ("NODE_OPTIONS", "--max-old-space-size=512"),
+            (
+                "INVOICES_DATABASE_URL",
+                "postgres://invoices:narrow@db/batch",
+            ),
+            ("EMPTY_URL", " "),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    #[test]
+    fn a_program_gets_the_base_what_is_named_and_the_run_nothing_else() {
+        let run = vec![("BATCHONCE_JOB_KEY".to_owned(), "x:2026-09-15".to_owned())];
+        let mut spec = CommandSpec::new(vec!["x".into()]);
+        let env: BTreeMap<_, _> = environment(&spec, run.clone(), &worker())
+            .unwrap()
+            .into_iter()
+            .collect();
+        let names: Vec<&str> = env.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            ["BATCHONCE_JOB_KEY", "HOME", "LANG", "LC_TIME", "PATH", "TZ"]
+        );
+
+        spec.pass_env = vec!["NODE_OPTIONS".into(), "HTTPS_PROXY".into()];
+        spec.database_url_env = Some("INVOICES_DATABASE_URL".into());
+        spec.env.insert("PATH".into(), "/opt/node/bin".into());
+        let env: BTreeMap<_, _> = environment(&spec, run.clone(), &worker())
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(env["NODE_OPTIONS"], "--max-old-space-size=512");
+        assert!(!env.contains_key("HTTPS_PROXY"), "not set in the worker");
+        assert_eq!(env["PATH"], "/opt/node/bin", "the env table wins");
+        for var in ["DATABASE_URL", "BATCHONCE_DATABASE_URL"] {
+            assert_eq!(env[var], "postgres://invoices:narrow@db/batch");
+        }
+        let all = format!("{env:?}");
+        for secret in ["worker-pw", "listen-pw", "token-secret", "SHELL"] {
+            assert!(!all.contains(secret), "{secret} reached the program");
+        }
+
+        for unset in ["NO_SUCH_VARIABLE", "EMPTY_URL"] {
+            spec.database_url_env = Some(unset.into());
+            let e = environment(&spec, run.clone(), &worker()).unwrap_err();
+            assert_eq!(e, EnvError::DatabaseUrlUnset(unset.into()));
+            assert!(e
+                .to_string()
+                .contains(&format!("database_url_env names {unset}")));
+        }
     }
 
     #[test]

@@ -12,6 +12,11 @@ use chrono_tz::Tz;
 use crate::key::{parse_date, JobName};
 use crate::schedule::{Covers, CronSchedule};
 
+mod command;
+
+use command::{apply_command_keys, as_argv, COMMAND_KEYS};
+pub use command::{is_variable_name, CommandSpec};
+
 /// Longest catch-up window: a year and a month of missed periods.
 pub const MAX_CATCH_UP: Duration = Duration::from_secs(400 * 86_400);
 
@@ -172,39 +177,6 @@ impl KindOptions {
     }
 }
 
-/// How a command job runs its program (see [`crate::command`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandSpec {
-    /// The program and its arguments; run directly, not through a shell.
-    pub argv: Vec<String>,
-    /// Longest an attempt may run before its process group is stopped.
-    pub timeout: Duration,
-    /// After SIGTERM (shutdown, timeout), how long before SIGKILL.
-    pub kill_grace: Duration,
-    /// Working directory; the worker's own when unset.
-    pub working_dir: Option<PathBuf>,
-    /// Extra environment variables.
-    pub env: BTreeMap<String, String>,
-    /// The exit code that means "nothing to do": the run is SKIPPED.
-    pub skipped_exit_code: i32,
-    /// Exit codes that fail the run at once instead of retrying.
-    pub fatal_exit_codes: Vec<i32>,
-}
-
-impl CommandSpec {
-    pub fn new(argv: Vec<String>) -> Self {
-        Self {
-            argv,
-            timeout: Duration::from_secs(3600),
-            kill_grace: Duration::from_secs(10),
-            working_dir: None,
-            env: BTreeMap::new(),
-            skipped_exit_code: 3,
-            fatal_exit_codes: vec![2, 126, 127],
-        }
-    }
-}
-
 const JOB_KEYS: &[&str] = &[
     "timezone",
     "max_attempts",
@@ -224,19 +196,6 @@ const JOB_KEYS: &[&str] = &[
     "max_item_failures",
     "command",
 ];
-
-/// Keys only a command job takes.
-const COMMAND_KEYS: &[&str] = &[
-    "timeout",
-    "kill_grace",
-    "working_dir",
-    "env",
-    "skipped_exit_code",
-    "fatal_exit_codes",
-];
-
-/// Longest command line (program and arguments, in bytes).
-const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
 /// A configuration problem, printed as one line.
 #[derive(Debug, thiserror::Error)]
@@ -539,133 +498,6 @@ fn apply_job_table(
     Ok(())
 }
 
-/// The keys that shape how a command job runs its program.
-fn apply_command_keys(
-    cfg: &mut JobConfig,
-    fields: &toml::Table,
-    path: &str,
-) -> Result<(), (String, String)> {
-    let Some(spec) = cfg.command.as_mut() else {
-        if let Some(k) = COMMAND_KEYS.iter().find(|k| fields.contains_key(**k)) {
-            return Err((
-                format!("{path}.{k}"),
-                "only a command job (one with `command = [...]`) takes this key".into(),
-            ));
-        }
-        return Ok(());
-    };
-    for (key, value) in fields {
-        let full = format!("{path}.{key}");
-        let err = |m: String| (full.clone(), m);
-        match key.as_str() {
-            "timeout" => spec.timeout = as_duration(value).map_err(err)?,
-            "kill_grace" => spec.kill_grace = as_duration(value).map_err(err)?,
-            "working_dir" => {
-                let s = as_str(value).map_err(err)?;
-                if s.is_empty() || s.contains('\0') {
-                    return Err(err("must be a non-empty path without NUL bytes".into()));
-                }
-                spec.working_dir = Some(PathBuf::from(s));
-            }
-            "env" => {
-                let table = value.as_table().ok_or_else(|| {
-                    err(format!(
-                        "expected a table of NAME = \"value\" pairs, found {}",
-                        value.type_str()
-                    ))
-                })?;
-                for (name, v) in table {
-                    let valid = !name.is_empty()
-                        && name.len() <= 256
-                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                        && !name.starts_with(|c: char| c.is_ascii_digit());
-                    if !valid {
-                        return Err(err(format!(
-                            "{:?} is not a variable name (letters, digits and _)",
-                            crate::queue::truncate(name)
-                        )));
-                    }
-                    if name.starts_with("BATCHONCE_") || name == "DATABASE_URL" {
-                        return Err(err(format!(
-                            "{name} is set by the worker and cannot be overridden"
-                        )));
-                    }
-                    let v = as_str(v).map_err(|m| (format!("{full}.{name}"), m))?;
-                    if v.contains('\0') || v.len() > MAX_COMMAND_BYTES {
-                        return Err((
-                            format!("{full}.{name}"),
-                            "must hold no NUL byte and at most 64 KiB".into(),
-                        ));
-                    }
-                    spec.env.insert(name.clone(), v.to_owned());
-                }
-            }
-            "skipped_exit_code" => {
-                spec.skipped_exit_code = as_int(value, 1, 255).map_err(err)? as i32
-            }
-            "fatal_exit_codes" => {
-                let list = value.as_array().ok_or_else(|| {
-                    err(format!(
-                        "expected an array of exit codes, found {}",
-                        value.type_str()
-                    ))
-                })?;
-                spec.fatal_exit_codes = list
-                    .iter()
-                    .map(|v| as_int(v, 1, 255).map(|n| n as i32))
-                    .collect::<Result<_, _>>()
-                    .map_err(err)?;
-            }
-            _ => {}
-        }
-    }
-    if spec.fatal_exit_codes.contains(&spec.skipped_exit_code) {
-        return Err((
-            format!("{path}.skipped_exit_code"),
-            format!(
-                "{} is also in fatal_exit_codes; an exit code means one thing",
-                spec.skipped_exit_code
-            ),
-        ));
-    }
-    if spec.timeout > Duration::from_secs(7 * 86_400) {
-        return Err((format!("{path}.timeout"), "must be at most 7d".into()));
-    }
-    if spec.kill_grace > spec.timeout {
-        return Err((
-            format!("{path}.kill_grace"),
-            "must not be longer than timeout".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// `command = ["program", "arg", ...]`: a non-empty array of strings.
-fn as_argv(v: &toml::Value) -> Result<Vec<String>, String> {
-    let list = v.as_array().ok_or_else(|| {
-        format!(
-            "expected an array such as [\"node\", \"settle.js\"], found {}",
-            v.type_str()
-        )
-    })?;
-    let argv: Vec<String> = list
-        .iter()
-        .map(|a| as_str(a).map(str::to_owned))
-        .collect::<Result<_, _>>()?;
-    match argv.first() {
-        None => return Err("must name a program: the array is empty".into()),
-        Some(p) if p.trim().is_empty() => return Err("the program name is empty".into()),
-        _ => {}
-    }
-    if argv.iter().any(|a| a.contains('\0')) {
-        return Err("arguments cannot contain NUL bytes".into());
-    }
-    if argv.iter().map(String::len).sum::<usize>() > MAX_COMMAND_BYTES {
-        return Err("the command line is longer than 64 KiB".into());
-    }
-    Ok(argv)
-}
-
 fn as_str(v: &toml::Value) -> Result<&str, String> {
     v.as_str()
         .ok_or_else(|| format!("expected a string, found {}", v.type_str()))
@@ -861,95 +693,6 @@ on_lease_expiry = "hold"
         assert!(err("[jobs.daily-settlement\n").contains("t.toml: line 1"));
         // Every message is one line.
         assert!(!err("[jobs.daily-settlement\n").contains('\n'));
-    }
-
-    #[test]
-    fn command_jobs_are_declared_in_the_file() {
-        let c = Config::parse(
-            r#"
-[jobs.nightly-invoices]
-command = ["node", "invoices.js", "--all"]
-timezone = "Asia/Seoul"
-schedule = "30 2 * * *"
-covers = "previous-day"
-timeout = "20m"
-kill_grace = "5s"
-working_dir = "/srv/invoices"
-skipped_exit_code = 10
-fatal_exit_codes = [2, 64]
-env = { NODE_ENV = "production" }
-"#,
-            "t.toml",
-            &kinds(),
-        )
-        .unwrap();
-        let j = c.job(&JobName::parse("nightly-invoices").unwrap()).unwrap();
-        let spec = j.command.as_ref().unwrap();
-        assert_eq!(spec.argv, ["node", "invoices.js", "--all"]);
-        assert_eq!(spec.timeout, Duration::from_secs(1200));
-        assert_eq!(spec.kill_grace, Duration::from_secs(5));
-        assert_eq!(spec.skipped_exit_code, 10);
-        assert_eq!(spec.fatal_exit_codes, [2, 64]);
-        assert_eq!(spec.env["NODE_ENV"], "production");
-        assert_eq!(j.timezone, chrono_tz::Asia::Seoul);
-        // Defaults.
-        let c = Config::parse("[jobs.x]\ncommand = [\"true\"]\n", "t.toml", &kinds()).unwrap();
-        let spec = c.jobs[&JobName::parse("x").unwrap()]
-            .command
-            .clone()
-            .unwrap();
-        assert_eq!(spec, CommandSpec::new(vec!["true".into()]));
-        assert_eq!(spec.skipped_exit_code, 3);
-    }
-
-    #[test]
-    fn command_job_errors_name_the_key() {
-        assert!(err("[jobs.x]\ncommand = \"node settle.js\"")
-            .contains("`jobs.x.command`: expected an array"));
-        assert!(err("[jobs.x]\ncommand = []").contains("`jobs.x.command`: must name a program"));
-        assert!(err("[jobs.x]\ncommand = [\" \"]").contains("program name is empty"));
-        assert!(err("[jobs.x]\ncommand = [\"a\\u0000b\"]").contains("NUL"));
-        assert!(err("[jobs.x]\ncommand = [1]").contains("expected a string"));
-        let long = format!("[jobs.x]\ncommand = [\"{}\"]", "a".repeat(70_000));
-        assert!(err(&long).contains("longer than 64 KiB"));
-        assert!(err("[jobs.daily-settlement]\ncommand = [\"true\"]")
-            .contains("`jobs.daily-settlement.command`: daily-settlement is a built-in job kind"));
-        assert!(err("[jobs.daily-settlement]\ntimeout = \"5m\"")
-            .contains("`jobs.daily-settlement.timeout`: only a command job"));
-        assert!(err("[jobs.x]\ntimeout = \"5m\"").contains("`jobs.x`: unknown job"));
-        assert!(err("[jobs.x]\ntimeout = \"5m\"").contains("needs `command = [...]`"));
-        assert!(err("[jobs.x]\ncommand = [\"true\"]\ntimeout = \"soon\"")
-            .contains("`jobs.x.timeout`: invalid duration"));
-        assert!(
-            err("[jobs.x]\ncommand = [\"true\"]\ntimeout = \"1s\"\nkill_grace = \"5s\"")
-                .contains("`jobs.x.kill_grace`: must not be longer than timeout")
-        );
-        assert!(err("[jobs.x]\ncommand = [\"true\"]\nskipped_exit_code = 0")
-            .contains("`jobs.x.skipped_exit_code`: 0 is out of range"));
-        assert!(err("[jobs.x]\ncommand = [\"true\"]\nskipped_exit_code = 2")
-            .contains("also in fatal_exit_codes"));
-        assert!(
-            err("[jobs.x]\ncommand = [\"true\"]\nfatal_exit_codes = [300]")
-                .contains("`jobs.x.fatal_exit_codes`: 300 is out of range")
-        );
-        assert!(
-            err("[jobs.x]\ncommand = [\"true\"]\nenv = { \"A B\" = \"1\" }")
-                .contains("not a variable name")
-        );
-        assert!(
-            err("[jobs.x]\ncommand = [\"true\"]\nenv = { BATCHONCE_JOB_KEY = \"k\" }")
-                .contains("set by the worker")
-        );
-        assert!(err("[jobs.x]\ncommand = [\"true\"]\nenv = { A = 1 }")
-            .contains("`jobs.x.env.A`: expected a string"));
-        assert!(err("[jobs.x]\ncommand = [\"true\"]\ncolour = 1")
-            .contains("`jobs.x.colour`: unknown key (expected one of:"));
-        assert!(err("[jobs.\"bad name!\"]\ncommand = [\"true\"]").contains("`jobs.bad name!`"));
-        assert!(
-            err("[jobs.x]\ncommand = [\"true\"]\nmax_item_failures = -1")
-                .contains("`jobs.x.max_item_failures`: -1 is out of range")
-        );
-        assert!(!err("[jobs.x]\ncommand = []").contains('\n'));
     }
 
     #[test]

@@ -10,15 +10,21 @@
 //! supervisor's stdin is one end of a Unix socket pair whose other end the
 //! worker's [`Supervised`] holds:
 //!
-//! - worker to supervisor: `env <json>` (the program's own environment,
-//!   before the first renewal), `renew <ms>` (the deadline becomes now + ms
-//!   on the supervisor's monotonic clock; the first one starts the program),
+//! - worker to supervisor: `env <json>` (the program's whole environment,
+//!   before the first renewal; it holds credentials, so no message ever
+//!   repeats an unreadable line, only its first word and length),
+//!   `renew <ms>` (the deadline becomes now + ms on the supervisor's
+//!   monotonic clock; the first one starts the program),
 //!   `term` (SIGTERM to the group) and `kill` (SIGKILL to the group). End of
 //!   file, when the worker dies or drops its handle, is SIGKILL to the group.
 //! - supervisor to worker: `started <pid>` or `failed <errno> <message>`,
 //!   then, once the program has ended and whatever was left in its group has
 //!   been SIGKILLed, one of `exit <code>`, `signal <n>` or `expired` (killed
 //!   because the deadline passed).
+//!
+//! The supervisor itself starts with an empty environment: it needs none,
+//! and the worker's holds secrets (its database URL, tokens). The program
+//! gets exactly the variables of the `env` line, nothing inherited.
 //!
 //! The program runs in a process group of its own, with stdin from
 //! `/dev/null`, the supervisor's stdout and stderr (the worker's capture
@@ -74,8 +80,9 @@ const BLOCKED: [Signal; 5] = [
     Signal::SIGTSTP,
 ];
 
-/// A line from the worker to the supervisor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A line from the worker to the supervisor. Its `Debug` shows the names
+/// of an environment's variables, never their values.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Control {
     Env(Vec<(String, String)>),
     Renew(Duration),
@@ -113,6 +120,32 @@ impl Control {
             ("kill", "") => Some(Control::Kill),
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Control::Env(vars) => f
+                .debug_tuple("Env")
+                .field(&vars.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+                .finish(),
+            Control::Renew(d) => f.debug_tuple("Renew").field(d).finish(),
+            Control::Term => f.write_str("Term"),
+            Control::Kill => f.write_str("Kill"),
+        }
+    }
+}
+
+/// An unreadable control line as messages name it: its first word, if that
+/// is a short lowercase word, and its length. Never its content, since an
+/// `env` line carries the program's credentials.
+pub fn describe_line(line: &str) -> String {
+    let word = line.split(' ').next().unwrap_or_default();
+    if !word.is_empty() && word.len() <= 8 && word.bytes().all(|b| b.is_ascii_lowercase()) {
+        format!("`{word} …` ({} bytes)", line.len())
+    } else {
+        format!("of {} bytes", line.len())
     }
 }
 
@@ -235,7 +268,7 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
             Ok(Event::Control(_, Control::Env(vars))) => env = vars,
             Ok(Event::Control(at, Control::Renew(d))) => break at + d,
             Ok(Event::Malformed(line)) => {
-                let message = format!("unreadable control line {line:?}");
+                let message = format!("unreadable control line {}", describe_line(&line));
                 report(
                     &mut socket,
                     &Report::Failed {
@@ -255,7 +288,12 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
     }
 
     let mut cmd = std::process::Command::new(program);
+    // Exactly the worker's list: the supervisor's own environment is empty
+    // anyway, and cleared here so that no later change can leak one. The
+    // program is looked up on the list's PATH (the C library's default
+    // path without one).
     cmd.args(program_args)
+        .env_clear()
         .envs(env)
         .stdin(Stdio::null())
         // A group of its own, so every signal reaches everything the
@@ -327,7 +365,8 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
             Event::Malformed(line) => {
                 // A worker this supervisor cannot understand renews nothing.
                 say(&format!(
-                    "unreadable control line {line:?}; killing the program"
+                    "unreadable control line {}; killing the program",
+                    describe_line(&line)
                 ));
                 let _ = killpg(group, Signal::SIGKILL);
             }
@@ -416,10 +455,11 @@ pub fn own_executable() -> &'static Path {
 /// The command that runs `argv` under a supervisor started from `exe`
 /// (normally [`own_executable`]). Set its working directory and output,
 /// then hand it to [`Supervised::spawn`]; the program's environment goes
-/// to [`Supervised::start`], so the supervisor itself runs with the
-/// worker's.
+/// to [`Supervised::start`]. The supervisor itself runs with an empty
+/// environment: it reads none, and the worker's holds its secrets.
 pub fn command(exe: &Path, argv: &[String]) -> std::process::Command {
     let mut cmd = std::process::Command::new(exe);
+    cmd.env_clear();
     if exe == own_executable() {
         // So that `ps` shows the worker's name rather than the /proc path.
         if let Some(arg0) = std::env::args_os().next() {
@@ -683,6 +723,24 @@ mod tests {
         ] {
             assert_eq!(Control::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn environment_values_never_show_in_messages() {
+        let secret = "postgres://u:pw-secret@db/batch";
+        let env = Control::Env(vec![("DATABASE_URL".into(), secret.into())]);
+        assert_eq!(format!("{env:?}"), "Env([\"DATABASE_URL\"])");
+        // A line cut short (or otherwise unreadable) is named, not quoted.
+        let line = env.line();
+        let cut = &line[..line.len() - 4];
+        assert_eq!(Control::parse(cut), None);
+        let said = describe_line(cut);
+        assert!(
+            !said.contains("pw-secret") && !said.contains("DATABASE"),
+            "{said}"
+        );
+        assert_eq!(said, format!("`env …` ({} bytes)", cut.len()));
+        assert_eq!(describe_line("\u{1b}[2J junk"), "of 9 bytes");
     }
 
     #[test]

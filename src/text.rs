@@ -17,8 +17,16 @@
 //! point or noncharacter (Cn). Letters, marks, digits, punctuation, symbols
 //! and spaces of every script are printable, so a Korean name is as valid
 //! as a Latin one.
+//!
+//! The other direction lives here too: text read back from the database
+//! (a program's output in an error message, a worker id, a session's
+//! application name) was written by anyone, so every human-readable output
+//! passes it through [`escape_for_terminal`], and `--json` output through
+//! [`json_for_terminal`], before it reaches an operator's terminal.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::io;
 
 use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
@@ -148,6 +156,84 @@ pub fn reason(s: &str) -> Result<String, TextError> {
     }
     check_length(s, REASON_MIN_CHARS, REASON_MAX_CHARS)?;
     Ok(s.to_owned())
+}
+
+/// Whether a terminal could act on `c` rather than show it, or show it as
+/// something it is not: controls (C0, DEL, C1: escape sequences, bells,
+/// backspaces), format characters (bidi overrides and isolates, zero-width
+/// characters) and line or paragraph separators. Private-use and unassigned
+/// characters show as a box at worst, and are left alone.
+fn acts_on_a_terminal(c: char) -> bool {
+    matches!(
+        Unprintable::of(c),
+        Some(Unprintable::Control | Unprintable::Format | Unprintable::Separator)
+    )
+}
+
+/// `s` with every character a terminal could act on (see
+/// [`acts_on_a_terminal`]) written as an escape, so that stored text
+/// prints as what it is: `\t`, `\n` and `\r`, `\x1b` for the other C0
+/// controls and DEL, `\u{202e}` for the rest (C1 included). Everything else,
+/// backslashes too, is kept as it is: the goal is a terminal that only
+/// shows, not a reversible encoding (`--json` is that). Borrowed when
+/// nothing needs escaping.
+pub fn escape_for_terminal(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(acts_on_a_terminal) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if acts_on_a_terminal(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `value` as one line of JSON in which every character a terminal could
+/// act on is a `\uXXXX` escape: the same JSON value (any parser reads the
+/// same strings back), safe to print. serde_json escapes C0 controls
+/// itself but writes DEL, C1 and bidi controls as they are.
+pub fn json_for_terminal<T: serde::Serialize + ?Sized>(
+    value: &T,
+) -> Result<String, serde_json::Error> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, TerminalSafeJson);
+    value.serialize(&mut ser)?;
+    // serde_json writes UTF-8, and the escapes added are ASCII.
+    String::from_utf8(out).map_err(|e| serde::ser::Error::custom(e.to_string()))
+}
+
+/// serde_json's compact format, with [`acts_on_a_terminal`] characters
+/// escaped inside strings (keys included).
+struct TerminalSafeJson;
+
+impl serde_json::ser::Formatter for TerminalSafeJson {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            if acts_on_a_terminal(c) {
+                writer.write_all(&fragment.as_bytes()[start..i])?;
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(writer, "\\u{unit:04x}")?;
+                }
+                start = i + c.len_utf8();
+            }
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
 }
 
 fn check_length(s: &str, min: usize, max: usize) -> Result<(), TextError> {
@@ -375,6 +461,64 @@ mod tests {
                 min: 1,
                 max: 80
             })
+        );
+    }
+
+    #[test]
+    fn stored_text_prints_escaped() {
+        let e = |s| escape_for_terminal(s).into_owned();
+        assert_eq!(
+            e("boom\u{1b}[2J\u{1b}]0;pwned\u{7}"),
+            "boom\\x1b[2J\\x1b]0;pwned\\x07"
+        );
+        assert_eq!(
+            e("a\tb\nc\rd\u{0}\u{8}\u{7f}"),
+            "a\\tb\\nc\\rd\\x00\\x08\\x7f"
+        );
+        assert_eq!(e("c1 \u{9b}31m \u{85}"), "c1 \\u{9b}31m \\u{85}");
+        assert_eq!(e("adm\u{202e}nimda"), "adm\\u{202e}nimda");
+        assert_eq!(
+            e("\u{2066}x\u{2069}\u{200b}\u{2028}"),
+            "\\u{2066}x\\u{2069}\\u{200b}\\u{2028}"
+        );
+        assert_eq!(e("kim\u{e0041}"), "kim\\u{e0041}");
+        // Printable text of every script is left alone, and not copied.
+        for s in [
+            "",
+            "김민준 exited 1",
+            "C:\\path",
+            "restart 🚀",
+            "nbsp\u{a0}",
+            "\u{e000}",
+        ] {
+            assert!(
+                matches!(escape_for_terminal(s), Cow::Borrowed(b) if b == s),
+                "{s:?}"
+            );
+        }
+        // Nothing a terminal acts on survives.
+        let nasty: String = (0u32..0x3000).filter_map(char::from_u32).collect();
+        assert!(!e(&nasty).chars().any(acts_on_a_terminal));
+    }
+
+    #[test]
+    fn json_for_a_terminal_is_the_same_json_without_raw_controls() {
+        let v = serde_json::json!({
+            "error": "boom\u{1b}[2J\u{7}\u{7f}\u{9b}adm\u{202e}nimda\u{e0041}",
+            "key\u{202e}": ["plain 김", 1, null],
+        });
+        let line = json_for_terminal(&v).unwrap();
+        assert!(!line.chars().any(acts_on_a_terminal), "{line}");
+        assert!(!line.contains('\n'));
+        assert!(
+            line.contains("\\u202e") && line.contains("\\udb40\\udc41"),
+            "{line}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, v);
+        assert_eq!(
+            json_for_terminal(&serde_json::json!({"a": "b"})).unwrap(),
+            "{\"a\":\"b\"}"
         );
     }
 

@@ -10,7 +10,12 @@ const { Client } = require('pg');
 const env = (name) => {
   const v = process.env[name];
   if (!v) {
-    console.error(`${name} is not set: run this script as a batchonce command job`);
+    // batchonce passes a database URL only when the job names the worker's
+    // variable that holds it: database_url_env = "INVOICES_DATABASE_URL".
+    const hint = name === 'DATABASE_URL'
+      ? ' (give the job database_url_env in batchonce.toml, naming a variable of the worker that holds this script\'s URL)'
+      : '';
+    console.error(`${name} is not set: run this script as a batchonce command job${hint}`);
     process.exit(2); // a fatal exit code: retrying cannot help
   }
   return v;

@@ -477,6 +477,8 @@ fn bad_kind_config() -> impl Strategy<Value = (String, Vec<u8>)> {
         Just(("x", "kill_grace", false)),
         Just(("x", "working_dir", true)),
         Just(("x", "env", false)),
+        Just(("x", "pass_env", false)),
+        Just(("x", "database_url_env", false)),
         Just(("x", "skipped_exit_code", false)),
         Just(("x", "fatal_exit_codes", false)),
         Just(("notification-send", "sender", false)),
@@ -485,6 +487,7 @@ fn bad_kind_config() -> impl Strategy<Value = (String, Vec<u8>)> {
         Just(("notification-send", "webhook_timeout", false)),
         Just(("notification-send", "webhook_retries", false)),
         Just(("notification-send", "webhook_token_env", false)),
+        Just(("notification-send", "webhook_allow_http", false)),
         Just(("inventory-sync", "source_file", true)),
     ];
     let strings = prop_oneof![

@@ -26,7 +26,10 @@ fn scratch(name: &str) -> PathBuf {
 
 fn batchonce(db: &TestDb, config: &Path) -> Command {
     let mut c = Command::new(BIN);
+    // The programs' URL is configured per job (`database_url_env`); here it
+    // is the worker's own.
     c.env("DATABASE_URL", &db.url)
+        .env("PROGRAM_DATABASE_URL", &db.url)
         .env_remove("BATCHONCE_CONFIG")
         .env("RUST_LOG", "info")
         .arg("--config")
@@ -149,6 +152,7 @@ async fn the_environment_exit_codes_and_timeout_follow_the_contract() {
 [jobs.cmd-env]
 command = ["sh", "-c", "env | grep -E '^(BATCHONCE_|DATABASE_URL=|EXTRA=)' | sort > \"$OUT/env.txt\"; pwd > \"$OUT/pwd.txt\"; echo hello from the script; echo warning on stderr >&2"]
 env = {{ OUT = "{out}", EXTRA = "yes" }}
+database_url_env = "PROGRAM_DATABASE_URL"
 working_dir = "{dir}"
 timezone = "Asia/Seoul"
 
@@ -204,8 +208,9 @@ max_attempts = 1
     }
     assert!(stop(worker).success());
 
-    // Environment: the run's identity and lease token, the database URL,
-    // and the configured extras; the configured working directory.
+    // Environment: the run's identity and lease token, the database URL of
+    // database_url_env, and the configured extras; the configured working
+    // directory.
     let (status, attempts, _) = run_row(&db.pool, keys[0]).await;
     assert_eq!((status.as_str(), attempts), ("SUCCEEDED", 1));
     let token: i64 =
@@ -537,7 +542,8 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
         &cfg,
         format!(
             "[jobs.nightly-invoices]\ncommand = [\"node\", \"invoices.js\"]\nworking_dir = \"{}\"\n\
-             env = {{ INVOICE_CHUNK = \"50\", INVOICE_PAUSE_MS = \"40\" }}\nlease_ttl = \"2s\"\nbackoff = \"500ms\"\n",
+             env = {{ INVOICE_CHUNK = \"50\", INVOICE_PAUSE_MS = \"40\" }}\n\
+             database_url_env = \"PROGRAM_DATABASE_URL\"\nlease_ttl = \"2s\"\nbackoff = \"500ms\"\n",
             example.display()
         ),
     )

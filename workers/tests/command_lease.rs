@@ -78,6 +78,7 @@ async fn hold_for(fraction: f64) {
         &cfg,
         format!(
             "[jobs.fenced-script]\ncommand = [\"{}\"]\nlease_ttl = \"{ttl}s\"\nmax_attempts = 3\n\
+             database_url_env = \"FENCED_DATABASE_URL\"\n\
              backoff = \"200ms\"\nbackoff_max = \"400ms\"\n",
             script.display()
         ),
@@ -85,7 +86,10 @@ async fn hold_for(fraction: f64) {
     .unwrap();
     let base = || {
         let mut c = Command::new(BIN);
+        // The script's URL comes from database_url_env, never from the
+        // worker's own DATABASE_URL.
         c.env("DATABASE_URL", &db.url)
+            .env("FENCED_DATABASE_URL", &db.url)
             .env_remove("BATCHONCE_CONFIG")
             .arg("--config")
             .arg(&cfg);

@@ -1,7 +1,8 @@
 //! The deployment files in `deploy/`: the Kubernetes manifests have the
 //! structure that matters (probes on the metrics port, a termination grace
 //! period longer than the worker's `--grace`, at least two producers, a
-//! `migrate` Job), the systemd units have the settings that matter, every
+//! `migrate` Job, a NetworkPolicy that admits only the scraper and only to
+//! the metrics port), the systemd units have the settings that matter, every
 //! `batchonce` command line in them uses only subcommands and flags that the
 //! binary's `--help` lists, the long-running ones start and answer their
 //! probes, and `systemd-analyze verify` accepts the units where it is
@@ -457,6 +458,7 @@ fn every_manifest_is_a_resource_and_kustomization_lists_them_all() {
     assert_eq!(kinds.get("Job"), Some(&1), "{kinds:?}");
     assert_eq!(kinds.get("ConfigMap"), Some(&1), "{kinds:?}");
     assert_eq!(kinds.get("Kustomization"), Some(&1), "{kinds:?}");
+    assert_eq!(kinds.get("NetworkPolicy"), Some(&1), "{kinds:?}");
 
     // kustomization.yaml must list every other file, and only files that
     // exist, so that `kubectl apply -k` applies what this test checks.
@@ -740,6 +742,159 @@ fn the_configmap_holds_a_configuration_the_binary_loads() {
         .unwrap();
     assert!(!out.status.success());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `matchLabels` map (empty when absent).
+fn label_map(y: &Yaml) -> BTreeMap<String, String> {
+    let Some(h) = y.as_hash() else {
+        return BTreeMap::new();
+    };
+    h.iter()
+        .map(|(k, v)| {
+            let value = match v {
+                Yaml::String(s) => s.clone(),
+                // Kubernetes wants strings; a YAML true or 1 is a mistake.
+                other => panic!("label {k:?}: {other:?} is not a string"),
+            };
+            (str_of(k, "a label name").to_owned(), value)
+        })
+        .collect()
+}
+
+/// The NetworkPolicy: it selects every batchonce pod, isolates them for
+/// ingress, and admits only peers that name both the scraper's namespace
+/// and its pods, only to the metrics ports of the workloads. Panics on the
+/// first problem.
+fn check_network_policy(all: &[Manifest]) {
+    let policies: Vec<&Manifest> = all.iter().filter(|m| kind(m) == "NetworkPolicy").collect();
+    assert_eq!(policies.len(), 1, "expected one NetworkPolicy");
+    let p = policies[0];
+    let spec = &p.doc["spec"];
+    let selector = label_map(&spec["podSelector"]["matchLabels"]);
+    assert!(
+        !selector.is_empty(),
+        "{}: podSelector has no labels",
+        p.file
+    );
+    let types: Vec<&str> = vec_of(&spec["policyTypes"], "policyTypes")
+        .iter()
+        .map(|t| str_of(t, "a policy type"))
+        .collect();
+    assert!(
+        types.contains(&"Ingress"),
+        "{}: policyTypes {types:?} do not isolate ingress",
+        p.file
+    );
+    // Every batchonce pod is selected; the metrics ports are what must be
+    // admitted.
+    let mut metrics_ports = BTreeSet::new();
+    for (m, _, argv) in batchonce_containers(all) {
+        let labels = label_map(&m.doc["spec"]["template"]["metadata"]["labels"]);
+        assert!(
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "{}: its pods {labels:?} are not selected by {} ({selector:?})",
+            m.file,
+            p.file
+        );
+        if let Some(addr) = flag_value(&argv, "--metrics-addr") {
+            metrics_ports.insert(port_of(addr));
+        }
+    }
+    let rules = vec_of(&spec["ingress"], &format!("{}: ingress", p.file));
+    assert!(!rules.is_empty(), "{}: no rule admits the scraper", p.file);
+    let mut admitted = BTreeSet::new();
+    for r in rules {
+        // An absent or empty `from` admits every source, absent `ports`
+        // every port.
+        let from = vec_of(&r["from"], &format!("{}: a rule's from", p.file));
+        assert!(!from.is_empty(), "{}: a rule admits every source", p.file);
+        for peer in from {
+            assert!(peer["ipBlock"].is_badvalue(), "{}: an ipBlock peer", p.file);
+            // Both in one peer: a pod must match both (two peers, either).
+            for sel in ["namespaceSelector", "podSelector"] {
+                assert!(
+                    !label_map(&peer[sel]["matchLabels"]).is_empty(),
+                    "{}: a peer without {sel} labels admits more than the scraper",
+                    p.file
+                );
+            }
+        }
+        let ports = vec_of(&r["ports"], &format!("{}: a rule's ports", p.file));
+        assert!(!ports.is_empty(), "{}: a rule admits every port", p.file);
+        for port in ports {
+            assert_eq!(port["protocol"].as_str().unwrap_or("TCP"), "TCP");
+            assert!(port["endPort"].is_badvalue(), "{}: a port range", p.file);
+            let n = port["port"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{}: port {:?} is not a number", p.file, port["port"]));
+            admitted.insert(n);
+        }
+    }
+    assert_eq!(
+        admitted, metrics_ports,
+        "{}: the ports admitted are not the metrics ports",
+        p.file
+    );
+}
+
+#[test]
+fn the_network_policy_admits_only_the_scraper_to_the_metrics_port() {
+    check_network_policy(&manifests());
+}
+
+#[test]
+fn the_network_policy_check_catches_a_broken_policy() {
+    let texts = manifest_texts();
+    let policy = "networkpolicy.yaml";
+    for (file, from, to) in [
+        // Selects pods that do not exist.
+        (
+            policy,
+            "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: batchonce\n",
+            "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: batchonce-db\n",
+        ),
+        // Isolates egress only, so ingress stays open.
+        (policy, "    - Ingress", "    - Egress"),
+        // Another port than the metrics one.
+        (policy, "port: 9464", "port: 8080"),
+        // No ports: every port.
+        (
+            policy,
+            "      ports:\n        # The port of --metrics-addr in the Deployments.\n        - protocol: TCP\n          port: 9464\n",
+            "",
+        ),
+        // No `from`: every source.
+        (
+            policy,
+            "    - from:\n        - namespaceSelector:\n            matchLabels:\n              batchonce.example/metrics-scraper: \"true\"\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: prometheus\n      ports:",
+            "    - ports:",
+        ),
+        // The dash that turns AND into OR: every pod of the namespace.
+        (policy, "          podSelector:", "        - podSelector:"),
+        // A workload moves its metrics port and the policy does not follow.
+        (
+            "worker-deployment.yaml",
+            "- 0.0.0.0:9464",
+            "- 0.0.0.0:9465",
+        ),
+    ] {
+        let broken: Vec<(String, String)> = texts
+            .iter()
+            .map(|(f, t)| {
+                if f == file {
+                    assert!(t.contains(from), "{file} has no {from:?}");
+                    (f.clone(), t.replace(from, to))
+                } else {
+                    (f.clone(), t.clone())
+                }
+            })
+            .collect();
+        let all = parse_manifests(&broken);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_network_policy(&all);
+        }));
+        assert!(caught.is_err(), "{file}: {from:?} -> {to:?} was not caught");
+    }
 }
 
 // ---------------------------------------------------------------------------

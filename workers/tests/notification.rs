@@ -235,6 +235,52 @@ async fn a_crash_between_send_and_mark_resends_with_the_same_key() {
     assert_eq!(mismatched, 0);
 }
 
+/// A provider that answers whatever id it likes (an embedding
+/// application's sender: the check is at the storage, not in a sender).
+#[derive(Debug)]
+struct IdSender;
+
+#[async_trait]
+impl Sender for IdSender {
+    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
+        let id = match m.customer_id {
+            1 => "x".repeat(10_000),
+            2 => "\u{1b}]0;pwned\u{7}\u{1b}[2J".to_owned(),
+            3 => "id\u{202e}di".to_owned(),
+            c => format!("ok-{c}"),
+        };
+        Ok(Receipt {
+            provider_message_id: id,
+            duplicate: false,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_message_id_that_is_not_a_short_printable_token_is_not_stored() {
+    let db = db().await;
+    seed(&db.pool, 4, &[]).await;
+    enqueue(&db.pool, 1).await;
+    let job = NotificationSend::with_sender(Arc::new(IdSender));
+    let (status, _, processed, _, error) = run_to_end(&db, job.clone(), config(&job, "")).await;
+    assert_eq!((status.as_str(), processed), ("SUCCEEDED", 4), "{error:?}");
+    // The bad ones are replaced by the delivery's idempotency key.
+    let ids: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT customer_id, state, CASE WHEN provider_message_id = idempotency_key THEN 'key' \
+         ELSE provider_message_id END FROM notification_delivery ORDER BY customer_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let want = [(1, "key"), (2, "key"), (3, "key"), (4, "ok-4")];
+    for ((customer, state, id), (c, want_id)) in ids.into_iter().zip(want) {
+        assert_eq!(
+            (customer, state.as_str(), id.as_str()),
+            (c, "sent", want_id)
+        );
+    }
+}
+
 #[tokio::test]
 async fn transient_failures_retry_until_every_delivery_is_sent_once() {
     let db = db().await;
@@ -427,7 +473,7 @@ async fn the_webhook_sender_posts_with_the_idempotency_key_and_retries() {
     let cfg = config(
         &job,
         &format!(
-            "sender = \"webhook\"\nwebhook_url = \"http://{addr}/notify\"\nwebhook_timeout = \"2s\"\nwebhook_retries = 2\nwebhook_token_env = \"BO_TEST_WEBHOOK_TOKEN\"\n"
+            "sender = \"webhook\"\nwebhook_url = \"http://{addr}/notify\"\nwebhook_allow_http = true\nwebhook_timeout = \"2s\"\nwebhook_retries = 2\nwebhook_token_env = \"BO_TEST_WEBHOOK_TOKEN\"\n"
         ),
     );
     let (status, attempts, processed, failed, error) = run_to_end(&db, job, cfg).await;
@@ -478,7 +524,7 @@ async fn a_slow_webhook_times_out_and_the_delivery_stays_pending() {
     let cfg = config(
         &job,
         &format!(
-            "sender = \"webhook\"\nwebhook_url = \"http://{addr}/slow\"\nwebhook_timeout = \"300ms\"\nwebhook_retries = 1\n"
+            "sender = \"webhook\"\nwebhook_url = \"http://{addr}/slow\"\nwebhook_allow_http = true\nwebhook_timeout = \"300ms\"\nwebhook_retries = 1\n"
         ),
     );
     let started = std::time::Instant::now();
@@ -514,7 +560,7 @@ async fn an_unreachable_webhook_leaves_deliveries_pending_and_retries_the_run() 
     let cfg = config(
         &job,
         &format!(
-            "sender = \"webhook\"\nwebhook_url = \"http://127.0.0.1:{port}/n\"\nwebhook_timeout = \"1s\"\nwebhook_retries = 0\n"
+            "sender = \"webhook\"\nwebhook_url = \"http://127.0.0.1:{port}/n\"\nwebhook_allow_http = true\nwebhook_timeout = \"1s\"\nwebhook_retries = 0\n"
         ),
     );
     let (status, attempts, processed, _, error) = run_to_end(&db, job, cfg).await;
@@ -622,6 +668,15 @@ fn bad_sender_options_stop_the_worker_at_start_with_one_line() {
             "`jobs.notification-send.webhook_url`",
         ),
         ("webhook_retries = \"3\"", "expected an integer"),
+        (
+            "sender = \"webhook\"\nwebhook_url = \"http://notify.internal/n\"",
+            "`jobs.notification-send.webhook_url`: is http://",
+        ),
+        (
+            "sender = \"webhook\"\nwebhook_url = \"http://user:pw@notify.internal/n\"\n\
+             webhook_allow_http = true\nwebhook_token_env = \"NOTIFY_API_TOKEN\"",
+            "would send the bearer token in clear",
+        ),
         (
             "max_item_failures = \"many\"",
             "`jobs.notification-send.max_item_failures`",

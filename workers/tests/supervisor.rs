@@ -370,3 +370,60 @@ fn the_raw_protocol() {
     assert_eq!(line(&mut reports), "");
     assert!(child.wait().unwrap().success());
 }
+
+/// An `env` line carries the program's credentials: one the supervisor
+/// cannot read is named by its first word and length, never quoted, on the
+/// socket (before the start) or on stderr, which is the worker's log
+/// (after it).
+#[test]
+fn an_unreadable_env_line_is_never_repeated() {
+    let secret = "pw-never-repeated";
+    let cut_env = format!("env [[\"DATABASE_URL\",\"postgres://u:{secret}@db/batch\"]\n");
+    let spawn = || {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let child = std::process::Command::new(BIN)
+            .args([MARKER, "--", "sleep", "300"])
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let reader = BufReader::new(ours.try_clone().unwrap());
+        (child, ours, reader)
+    };
+    // Before the start: the failure report names the line.
+    let (child, mut ours, mut reports) = spawn();
+    ours.write_all(cut_env.as_bytes()).unwrap();
+    let mut report = String::new();
+    reports.read_line(&mut report).unwrap();
+    assert!(report.starts_with("failed "), "{report}");
+    assert!(
+        !report.contains(secret) && !report.contains("DATABASE"),
+        "{report}"
+    );
+    drop(ours);
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!said.contains(secret), "{said}");
+
+    // After the start: the supervisor says why it kills the program.
+    let (child, mut ours, mut reports) = spawn();
+    ours.write_all(b"renew 10000\n").unwrap();
+    let mut started = String::new();
+    reports.read_line(&mut started).unwrap();
+    assert!(started.starts_with("started "), "{started}");
+    ours.write_all(cut_env.as_bytes()).unwrap();
+    let mut ended = String::new();
+    reports.read_line(&mut ended).unwrap();
+    assert_eq!(ended, "signal 9\n");
+    drop(ours);
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("unreadable control line `env …`"), "{said}");
+    assert!(
+        !said.contains(secret) && !said.contains("DATABASE"),
+        "{said}"
+    );
+}

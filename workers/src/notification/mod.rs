@@ -16,6 +16,7 @@
 //!    `max_item_failures` for the date fails the run.
 
 pub mod sender;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,8 @@ use chrono::NaiveDate;
 use sqlx::migrate::Migrator;
 use sqlx::{PgPool, Row};
 
-pub use sender::{Message, OutboxSender, Receipt, SendError, Sender, WebhookSender};
+pub use sender::{Message, OutboxSender, Receipt, SendError, Sender};
+pub use webhook::{Secret, WebhookConfig, WebhookSender};
 
 /// The job kind's tables: `notification_request` (source) and `notification_delivery`.
 pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations/notification");
@@ -42,6 +44,7 @@ const OPTION_KEYS: &[&str] = &[
     "webhook_timeout",
     "webhook_retries",
     "webhook_token_env",
+    "webhook_allow_http",
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -81,17 +84,25 @@ pub fn build_sender(options: &KindOptions) -> Result<Arc<dyn Sender>, String> {
             let url = options
                 .str("webhook_url")
                 .ok_or("sender = \"webhook\" needs webhook_url")?;
-            let timeout = options
-                .duration("webhook_timeout")
-                .unwrap_or(Duration::from_secs(10));
-            let retries = options.int("webhook_retries").unwrap_or(3) as u32;
-            let bearer = match options.str("webhook_token_env") {
-                Some(var) => Some(std::env::var(var).map_err(|_| {
+            let mut config = WebhookConfig::new(url);
+            if let Some(timeout) = options.duration("webhook_timeout") {
+                config.timeout = timeout;
+            }
+            if let Some(retries) = options.int("webhook_retries") {
+                config.retries = retries as u32;
+            }
+            config.allow_http = options
+                .values
+                .get("webhook_allow_http")
+                .and_then(toml::Value::as_bool)
+                .unwrap_or(false);
+            config.bearer = match options.str("webhook_token_env") {
+                Some(var) => Some(Secret::new(std::env::var(var).map_err(|_| {
                     format!("webhook_token_env names {var}, which is not set in the worker's environment")
-                })?),
+                })?)),
                 None => None,
             };
-            Ok(Arc::new(WebhookSender::new(url, timeout, retries, bearer)?))
+            Ok(Arc::new(WebhookSender::new(config)?))
         }
         Some(other) => Err(format!(
             "unknown sender {other:?} (expected \"outbox\" or \"webhook\")"
@@ -127,6 +138,15 @@ fn check_options(values: &toml::Table) -> Result<(), OptionError> {
             return Err(OptionError::new("outbox_dir", "must be a non-empty path"));
         }
     }
+    let allow_http = match values.get("webhook_allow_http") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            OptionError::new(
+                "webhook_allow_http",
+                format!("expected true or false, found {}", v.type_str()),
+            )
+        })?,
+    };
     match (sender, string("webhook_url")?) {
         (Some("webhook"), None) => {
             return Err(OptionError::new(
@@ -135,7 +155,11 @@ fn check_options(values: &toml::Table) -> Result<(), OptionError> {
             ))
         }
         (_, Some(url)) => {
-            sender::parse_webhook_url(url).map_err(|m| OptionError::new("webhook_url", m))?;
+            let u =
+                webhook::parse_webhook_url(url).map_err(|m| OptionError::new("webhook_url", m))?;
+            let with_token = values.contains_key("webhook_token_env");
+            webhook::check_transport(&u, allow_http, with_token)
+                .map_err(|m| OptionError::new("webhook_url", m))?;
         }
         _ => {}
     }
@@ -393,7 +417,7 @@ async fn send_pending(
                     delivery_id,
                     state: "sent",
                     replayed: r.duplicate,
-                    message_id: Some(r.provider_message_id),
+                    message_id: Some(stored_message_id(ctx, &r.provider_message_id, &key)),
                     error: None,
                 },
                 Err(SendError::Rejected(e)) => Sent {
@@ -424,6 +448,22 @@ async fn send_pending(
         }
         if results.len() < rows.len() {
             return Err(JobError::Cancelled);
+        }
+    }
+}
+
+/// The id to store for a sent message: whatever the sender (an embedding
+/// application's own included), only a checked one. An id that is not is
+/// replaced by the delivery's idempotency key (a sent delivery must name an
+/// id), never cut or escaped, and never logged (its length only).
+fn stored_message_id(ctx: &JobContext, id: &str, key: &str) -> String {
+    match sender::checked_message_id(id) {
+        Some(id) => id.to_owned(),
+        None => {
+            tracing::warn!(job_key = %ctx.key, id_bytes = id.len(),
+                "the sender answered a message id that is not 1-256 printable ASCII characters; \
+                 stored the idempotency key instead");
+            key.to_owned()
         }
     }
 }
@@ -705,6 +745,26 @@ mod tests {
             "webhook_token_env"
         );
         assert_eq!(check("sender = 3").unwrap_err().key, "sender");
+        // Plain http only when allowed, and a token only to loopback.
+        let http = "sender = \"webhook\"\nwebhook_url = \"http://notify.internal/n\"\n";
+        let e = check(http).unwrap_err();
+        assert_eq!(e.key, "webhook_url");
+        assert!(e.message.contains("webhook_allow_http"), "{}", e.message);
+        assert!(check(&format!("{http}webhook_allow_http = true")).is_ok());
+        let e = check(&format!(
+            "{http}webhook_allow_http = true\nwebhook_token_env = \"T\""
+        ))
+        .unwrap_err();
+        assert_eq!(e.key, "webhook_url");
+        assert!(e.message.contains("bearer token in clear"), "{}", e.message);
+        assert!(check(
+            "webhook_url = \"http://127.0.0.1:8080/n\"\nwebhook_allow_http = true\nwebhook_token_env = \"T\""
+        )
+        .is_ok());
+        assert_eq!(
+            check("webhook_allow_http = \"yes\"").unwrap_err().key,
+            "webhook_allow_http"
+        );
         assert!(build_sender(&KindOptions::default())
             .unwrap_err()
             .contains("no sender configured"));

@@ -5,12 +5,14 @@
 //! sent" harmless: the retry sends again with the same key.
 //!
 //! Bundled: [`OutboxSender`], files in a folder (demo, tests, and a spool
-//! another process ships), and [`WebhookSender`], an HTTP POST with the key in
-//! the `Idempotency-Key` header, a timeout and retries.
+//! another process ships), and [`super::webhook::WebhookSender`], an HTTP
+//! POST with the key in the `Idempotency-Key` header, a timeout and retries.
+//! Whatever the sender, the message id it answers is stored only if
+//! [`checked_message_id`] accepts it.
 
 use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
@@ -55,6 +57,21 @@ pub trait Sender: Send + Sync + std::fmt::Debug {
     async fn send(&self, message: &Message<'_>) -> Result<Receipt, SendError>;
 }
 
+/// Longest provider message id stored, in bytes.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+
+/// A provider's message id as it may be stored
+/// (`notification_delivery.provider_message_id`) and later printed: 1 to
+/// [`MAX_MESSAGE_ID_BYTES`] printable ASCII characters without spaces, the
+/// shape of every provider's ids. Anything else (a megabyte, an escape
+/// sequence meant for an operator's terminal) is not an id: `None`.
+pub fn checked_message_id(id: &str) -> Option<&str> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_MESSAGE_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_graphic());
+    ok.then_some(id)
+}
+
 /// Checks an address for its channel, as a provider would before accepting.
 pub fn validate_address(channel: &str, address: &str) -> Result<(), String> {
     let ok = match channel {
@@ -95,7 +112,11 @@ pub fn validate_address(channel: &str, address: &str) -> Result<(), String> {
 /// Writes each message once to `<dir>/sent/<idempotency key>.json` and logs
 /// every call to `<dir>/calls.log`. The file is created with a hard link,
 /// which fails if it exists, so two processes sending the same key deliver it
-/// once between them.
+/// once between them. A message holds a customer's address and body, so
+/// every file is created `0600` and every folder this sender creates `0700`
+/// (before the umask): only the worker's user reads them. A folder that
+/// exists already keeps its mode, since an operator may have shared it on
+/// purpose.
 #[derive(Debug, Clone)]
 pub struct OutboxSender {
     dir: PathBuf,
@@ -112,7 +133,7 @@ impl OutboxSender {
 
     fn deliver(&self, m: &Message<'_>) -> std::io::Result<Receipt> {
         let sent = self.dir.join("sent");
-        std::fs::create_dir_all(&sent)?;
+        private_dir(&sent)?;
         // The key is made of [A-Za-z0-9-] (see the delivery table), so it is
         // a safe file name; anything else is refused rather than escaped.
         if m.idempotency_key.is_empty()
@@ -145,7 +166,14 @@ impl OutboxSender {
             rand::random::<u64>()
         ));
         {
-            let mut f = std::fs::File::create(&tmp)?;
+            // Private from its creation: the link below shares this inode,
+            // mode included, so the delivered file is never readable by
+            // others, not even for a moment.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(PRIVATE_FILE)
+                .open(&tmp)?;
             f.write_all(record.to_string().as_bytes())?;
             f.sync_all()?;
         }
@@ -168,7 +196,7 @@ impl OutboxSender {
     }
 
     fn log_call(&self, m: &Message<'_>, result: &str) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
+        private_dir(&self.dir)?;
         let line = serde_json::json!({
             "idempotency_key": m.idempotency_key,
             "business_date": m.business_date,
@@ -183,9 +211,23 @@ impl OutboxSender {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(PRIVATE_FILE)
             .open(self.dir.join("calls.log"))?;
         f.write_all(format!("{line}\n").as_bytes())
     }
+}
+
+/// The mode of every file the outbox creates.
+const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every folder the outbox creates.
+const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `dir` and its missing parents with [`PRIVATE_DIR`].
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(dir)
 }
 
 fn read_message_id(path: &Path) -> std::io::Result<Option<String>> {
@@ -263,143 +305,6 @@ impl OwnedMessage {
     }
 }
 
-/// POSTs each message as JSON to a URL with `Idempotency-Key: <key>`.
-/// 2xx is sent (the message id is the response's `message_id`, else its
-/// `X-Message-Id` header, else the key; `Idempotent-Replayed: true` marks a
-/// duplicate); 408, 429, 5xx and network errors are retried up to `retries`
-/// times with backoff, then reported transient; other 4xx are rejections.
-#[derive(Debug, Clone)]
-pub struct WebhookSender {
-    client: reqwest::Client,
-    url: reqwest::Url,
-    retries: u32,
-    bearer: Option<String>,
-}
-
-impl WebhookSender {
-    pub fn new(
-        url: &str,
-        timeout: Duration,
-        retries: u32,
-        bearer: Option<String>,
-    ) -> Result<Self, String> {
-        let url = parse_webhook_url(url)?;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .user_agent(concat!("batchonce/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self {
-            client,
-            url,
-            retries,
-            bearer,
-        })
-    }
-
-    async fn once(&self, m: &Message<'_>) -> Result<Receipt, (bool, String)> {
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .header("Idempotency-Key", m.idempotency_key)
-            .json(m);
-        if let Some(token) = &self.bearer {
-            req = req.bearer_auth(token);
-        }
-        let resp = req.send().await.map_err(|e| {
-            let kind = if e.is_timeout() {
-                "timed out"
-            } else if e.is_connect() {
-                "cannot connect"
-            } else {
-                "request failed"
-            };
-            (true, format!("webhook {kind}: {}", without_url(&e)))
-        })?;
-        let status = resp.status();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
-        let header_id = header("x-message-id");
-        // The body is read with a cap: a provider's answer is small.
-        let body = resp.bytes().await.unwrap_or_default();
-        let text = String::from_utf8_lossy(&body[..body.len().min(2048)]).into_owned();
-        if status.is_success() {
-            let id = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["message_id"].as_str().map(str::to_owned))
-                .or(header_id)
-                .unwrap_or_else(|| m.idempotency_key.to_owned());
-            return Ok(Receipt {
-                provider_message_id: id,
-                duplicate: replayed,
-            });
-        }
-        let retry = status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429;
-        Err((retry, format!("webhook answered {status}: {}", text.trim())))
-    }
-}
-
-/// Keeps a URL's credentials out of messages.
-fn without_url(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    if let Some(u) = e.url() {
-        s = s.replace(u.as_str(), &redact_url(u));
-    }
-    s
-}
-
-fn redact_url(u: &reqwest::Url) -> String {
-    let mut u = u.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
-    }
-    u.set_query(None);
-    u.to_string()
-}
-
-/// A webhook URL: http or https with a host.
-pub fn parse_webhook_url(url: &str) -> Result<reqwest::Url, String> {
-    let u = reqwest::Url::parse(url).map_err(|e| format!("invalid URL: {e}"))?;
-    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-        return Err(format!(
-            "expected an http:// or https:// URL with a host, found {:?}",
-            redact_url(&u)
-        ));
-    }
-    Ok(u)
-}
-
-#[async_trait]
-impl Sender for WebhookSender {
-    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
-        let mut delay = Duration::from_millis(200);
-        let mut attempt = 0;
-        loop {
-            match self.once(m).await {
-                Ok(r) => return Ok(r),
-                Err((false, msg)) => return Err(SendError::Rejected(msg)),
-                Err((true, msg)) if attempt >= self.retries => {
-                    return Err(SendError::Transient(format!(
-                        "{msg} (after {} tries)",
-                        attempt + 1
-                    )))
-                }
-                Err((true, _)) => {
-                    attempt += 1;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,12 +325,27 @@ mod tests {
     }
 
     #[test]
-    fn webhook_urls_must_be_http() {
-        assert!(parse_webhook_url("https://hooks.example.com/notify").is_ok());
-        assert!(parse_webhook_url("ftp://example.com").is_err());
-        assert!(parse_webhook_url("not a url").is_err());
-        let e = parse_webhook_url("file://user:secret@/x").unwrap_err();
-        assert!(!e.contains("secret"), "{e}");
+    fn message_ids_are_short_printable_tokens() {
+        assert_eq!(checked_message_id("msg-42"), Some("msg-42"));
+        assert_eq!(
+            checked_message_id("<0a1b@mail.example>"),
+            Some("<0a1b@mail.example>")
+        );
+        let longest = "x".repeat(MAX_MESSAGE_ID_BYTES);
+        assert_eq!(checked_message_id(&longest), Some(longest.as_str()));
+        for bad in [
+            "",
+            &"x".repeat(MAX_MESSAGE_ID_BYTES + 1),
+            "abc\u{1b}[2Jdef",
+            "a\u{7f}",
+            "a\u{9b}b",
+            "id\u{202e}di",
+            "two words",
+            "line\nbreak",
+            "메시지",
+        ] {
+            assert_eq!(checked_message_id(bad), None, "{bad:?}");
+        }
     }
 
     #[tokio::test]
@@ -456,6 +376,23 @@ mod tests {
         ));
         let calls = std::fs::read_to_string(dir.join("calls.log")).unwrap();
         assert_eq!(calls.lines().count(), 3);
+        // Only the worker's user reads addresses and bodies, whatever the
+        // umask lets through (it can only take bits away).
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &Path| {
+            format!(
+                "{:o}",
+                std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+            )
+        };
+        assert_eq!(mode(&dir), "700", "the outbox folder");
+        assert_eq!(mode(&dir.join("sent")), "700", "sent/");
+        assert_eq!(mode(&dir.join("calls.log")), "600", "calls.log");
+        let delivered = dir.join("sent/bo-20260915-abc.json");
+        assert_eq!(mode(&delivered), "600", "the delivered message");
+        // Nothing else is left in sent/: the temporary file is gone.
+        let names: Vec<_> = std::fs::read_dir(dir.join("sent")).unwrap().collect();
+        assert_eq!(names.len(), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
