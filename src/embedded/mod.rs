@@ -262,6 +262,10 @@ impl Cluster {
             "listen_addresses=".to_owned(),
             "unix_socket_permissions=0700".to_owned(),
             format!("max_connections={}", opts.max_connections),
+            // Commit times let an operator (and the test suite's oracle) tell
+            // when a row was committed rather than when its transaction
+            // began, which is what decides whether a write beat a takeover.
+            "track_commit_timestamp=on".to_owned(),
         ];
         if !opts.durable {
             settings.extend(

@@ -23,7 +23,6 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use batchonce::testing::{wait_until, TestDb};
-use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -330,18 +329,9 @@ async fn a_second_signal_exits_at_once_and_the_lease_is_recovered() {
     .await
     .unwrap();
     assert_eq!(outcomes, ["lease_expired", "succeeded"]);
-    let v = settlement::verify(&rig.db.pool, chrono_tz::Asia::Seoul, date())
-        .await
-        .unwrap();
-    assert!(
-        v.ok && v.items == ORDERS && v.duplicates == 0,
-        "{}",
-        v.detail
-    );
-    assert_eq!(
-        common::items_outside_their_lease(&rig.db.pool, Some(KEY)).await,
-        0
-    );
+    let o = common::oracle::settlement(&rig.db.pool).await;
+    o.assert_holds("after the takeover");
+    assert_eq!(o.items, ORDERS);
     signal(&rescuer, Signal::SIGTERM);
     assert!(wait_exit(&mut rescuer, Duration::from_secs(15), "the rescuer").success());
 }

@@ -13,6 +13,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 
@@ -165,12 +167,9 @@ async fn wait_for_status(pool: &PgPool, status: &str) {
 }
 
 async fn assert_settled_exactly(pool: &PgPool, n: i64) {
-    let v = settlement::verify(pool, chrono_tz::Asia::Seoul, date())
-        .await
-        .unwrap();
-    assert!(v.ok, "settlement does not match its source: {}", v.detail);
-    assert_eq!(v.items, n);
-    assert_eq!(v.duplicates, 0);
+    let o = common::oracle::settlement(pool).await;
+    o.assert_holds("the settlement");
+    assert_eq!(o.items, n);
 }
 
 fn enqueue_output(db: &TestDb) -> Output {

@@ -9,6 +9,11 @@ use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use sqlx::PgPool;
 
+#[allow(dead_code)]
+pub mod oracle;
+#[allow(unused_imports)]
+pub use oracle::items_outside_their_lease;
+
 /// Runs `bin --config <a file holding text> args` against a database that
 /// cannot be reached (the config must be refused before any connection)
 /// and checks the contract: exit 1, one error line, naming `want`. Returns
@@ -49,22 +54,4 @@ pub async fn seed_orders(pool: &PgPool, date: NaiveDate, first_id: i64, n: i64) 
     .execute(pool)
     .await
     .unwrap();
-}
-
-/// Settlement items (of run `key`, or of every run) that do not carry the
-/// token of an attempt of their own run, or were written while that attempt
-/// was not open: what no fault may ever produce.
-#[allow(dead_code)]
-pub async fn items_outside_their_lease(pool: &PgPool, key: Option<&str>) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM settlement_item i WHERE ($1::text IS NULL OR i.job_key = $1) \
-         AND NOT EXISTS ( \
-           SELECT 1 FROM batch_job_attempt a WHERE a.job_key = i.job_key \
-           AND a.lease_token = i.lease_token AND i.created_at >= a.started_at \
-           AND (a.finished_at IS NULL OR i.created_at <= a.finished_at))",
-    )
-    .bind(key)
-    .fetch_one(pool)
-    .await
-    .unwrap()
 }
