@@ -137,6 +137,10 @@ enum Command {
         /// smaller than the concurrency slows handlers but never the leases.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         max_connections: Option<u32>,
+        /// Serve only these declared jobs, comma-separated (default: every
+        /// job the configuration declares), e.g. `--jobs daily-settlement`.
+        #[arg(long, value_delimiter = ',')]
+        jobs: Vec<String>,
     },
     /// Publishes the database-derived gauges (one per deployment).
     Exporter {
@@ -354,8 +358,34 @@ fn load_config(cli: &Cli, registry: &Registry) -> anyhow::Result<Config> {
         None if Path::new("batchonce.toml").is_file() => {
             Ok(Config::load(Path::new("batchonce.toml"), &kinds)?)
         }
-        None => Ok(Config::defaults(&kinds)),
+        None => Ok(Config::empty()),
     }
+}
+
+/// The jobs a worker serves: those `--jobs` names (each must be declared),
+/// or every declared job. A worker with nothing to serve is an error, not an
+/// idle process that looks healthy.
+fn served_jobs(registry: Registry, only: &[String], config: &Config) -> anyhow::Result<Registry> {
+    let registry = if only.is_empty() {
+        registry
+    } else {
+        let mut names = Vec::new();
+        for j in only {
+            names.push(
+                registry
+                    .resolve(j.trim())
+                    .map_err(|e| anyhow!("--jobs: {e}"))?,
+            );
+        }
+        registry.only(&names)
+    };
+    if registry.names().next().is_none() {
+        bail!(
+            "no job to serve: no job is declared ({}); declare each job it should run in a [jobs.<name>] table of batchonce.toml",
+            config.origin
+        );
+    }
+    Ok(registry)
 }
 
 fn require_url(cli: &Cli) -> anyhow::Result<&str> {
@@ -384,9 +414,15 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         }
         db::set_transaction_pooler(true);
     }
-    let config = load_config(&cli, &registry)?;
-    // Jobs of the user's own (`command = [...]`) join the built-in kinds.
-    let registry = crate::command::register_commands(registry, &config);
+    let mut config = load_config(&cli, &registry)?;
+    if matches!(cli.command, Command::Demo) {
+        // The bundled kinds are samples: the demo declares them for itself.
+        config = config.declare_all(&registry.default_configs());
+    }
+    // Jobs of the user's own (`command = [...]`) join the built-in kinds;
+    // then only what the configuration declares exists for this process.
+    let known = crate::command::register_commands(registry, &config);
+    let registry = known.only(config.jobs.keys());
     match &cli.command {
         Command::Demo => {
             let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
@@ -398,8 +434,10 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         }
         Command::Migrate => {
             let pool = db::connect(require_url(&cli)?, "batchonce-migrate", 2).await?;
-            db::migrate(&pool, &registry.migrations()).await?;
-            let n = db::combined(&registry.migrations()).iter().count();
+            let kinds =
+                db::kinds_to_migrate(&pool, &registry.migrations(), &known.migrations()).await?;
+            db::migrate(&pool, &kinds).await?;
+            let n = db::combined(&kinds).iter().count();
             let (frozen, left) = freeze_legacy_contexts(&pool, &config).await?;
             if cli.json {
                 println!(
@@ -563,12 +601,14 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
             listen_url,
             metrics_addr,
             max_connections,
+            jobs,
         } => {
             let url = require_url(&cli)?;
             let worker_id = match worker_id {
                 Some(id) => validate_worker_id(id)?,
                 None => default_worker_id(),
             };
+            let registry = served_jobs(registry, jobs, &config)?;
             // Handlers and claims share the main pool; heartbeats get their own.
             let max_ttl = config
                 .jobs

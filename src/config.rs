@@ -219,21 +219,43 @@ pub enum ConfigError {
     },
 }
 
-/// The whole configuration: every registered job kind has an entry.
+/// The whole configuration: the jobs it declares, and nothing else. A
+/// registered job kind that the file does not declare does not exist for
+/// this process: it is not migrated, scheduled or run.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Where it came from (a path, or "built-in defaults").
+    /// Where it came from (a path, "no configuration file", or "built-in
+    /// defaults").
     pub origin: String,
     pub jobs: BTreeMap<JobName, JobConfig>,
 }
 
 impl Config {
-    /// Built-in defaults only, for the given job kinds.
+    /// Every given job kind declared with its defaults: the demo's own
+    /// declaration of the bundled kinds, and tests of the library.
     pub fn defaults(kinds: &BTreeMap<JobName, JobConfig>) -> Self {
         Self {
             origin: "built-in defaults".into(),
             jobs: kinds.clone(),
         }
+    }
+
+    /// No file: no job is declared. Operator commands work (what they show
+    /// comes from the database); a worker or producer has nothing to do.
+    pub fn empty() -> Self {
+        Self {
+            origin: "no configuration file".into(),
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    /// Declares, with its defaults, every kind of `kinds` that this
+    /// configuration does not declare yet (what `demo` runs).
+    pub fn declare_all(mut self, kinds: &BTreeMap<JobName, JobConfig>) -> Self {
+        for (name, cfg) in kinds {
+            self.jobs.entry(name.clone()).or_insert_with(|| cfg.clone());
+        }
+        self
     }
 
     /// Reads and validates a file against the registered job kinds.
@@ -273,7 +295,9 @@ impl Config {
             key: key.to_owned(),
             message,
         };
-        let mut jobs = kinds.clone();
+        // Only what the file declares: a bundled kind is a sample until a
+        // `[jobs.<name>]` table names it.
+        let mut jobs = BTreeMap::new();
         for (top, value) in &table {
             if top != "jobs" {
                 return Err(key_err(top, "unknown key (expected `jobs`)".into()));
@@ -301,6 +325,7 @@ impl Config {
                                 ),
                             ));
                         }
+                        jobs.insert(n.clone(), kinds[&n].clone());
                         n
                     }
                     // A job of the user's own: it runs a program.
@@ -319,7 +344,7 @@ impl Config {
                     }
                     Err(e) => return Err(key_err(&path, e.to_string())),
                 };
-                // Invariant: job_name is in `jobs` (copied from `kinds`, or inserted above).
+                // Invariant: job_name is in `jobs` (inserted by one of the arms above).
                 let cfg = jobs.get_mut(&job_name).expect("configured job");
                 apply_job_table(cfg, fields, &path).map_err(|(k, m)| key_err(&k, m))?;
             }
@@ -579,6 +604,26 @@ mod tests {
             let text = format!("[jobs.daily-settlement]\nschedule = \"{rare}\"");
             assert!(Config::parse(&text, "t.toml", &kinds()).is_ok(), "{rare}");
         }
+    }
+
+    #[test]
+    fn only_declared_jobs_exist() {
+        let none = Config::parse("", "t.toml", &kinds()).unwrap();
+        assert!(none.jobs.is_empty());
+        let own = Config::parse(
+            "[jobs.nightly-invoices]\ncommand = [\"node\", \"x.js\"]\n",
+            "t.toml",
+            &kinds(),
+        )
+        .unwrap();
+        let names: Vec<&str> = own.jobs.keys().map(JobName::as_str).collect();
+        assert_eq!(names, ["nightly-invoices"]);
+        // An empty table declares a bundled kind with its defaults.
+        let sample = Config::parse("[jobs.daily-settlement]\n", "t.toml", &kinds()).unwrap();
+        let names: Vec<&str> = sample.jobs.keys().map(JobName::as_str).collect();
+        assert_eq!(names, ["daily-settlement"]);
+        assert!(Config::empty().jobs.is_empty());
+        assert_eq!(Config::empty().declare_all(&kinds()).jobs.len(), 1);
     }
 
     #[test]

@@ -230,6 +230,38 @@ pub async fn pending_migrations(
     pool: &PgPool,
     kinds: &[&'static Migrator],
 ) -> Result<Vec<i64>, DbError> {
+    let applied = applied_versions(pool).await?;
+    Ok(combined(kinds)
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !applied.contains(v))
+        .collect())
+}
+
+/// What `migrate` applies: the declared kinds' migrations, and those of
+/// every other known kind that this database already holds some of. A kind
+/// that was migrated once (the samples, before only declared jobs existed)
+/// stays migrated and keeps its tables: sqlx refuses a set that lacks an
+/// applied migration, and dropping a kind's tables is for a person to do.
+pub async fn kinds_to_migrate(
+    pool: &PgPool,
+    declared: &[&'static Migrator],
+    known: &[&'static Migrator],
+) -> Result<Vec<&'static Migrator>, DbError> {
+    let applied = applied_versions(pool).await?;
+    let mut kinds = declared.to_vec();
+    for m in known {
+        let in_use = m.iter().any(|x| applied.contains(&x.version));
+        if in_use && !kinds.iter().any(|k| std::ptr::eq(*k, *m)) {
+            kinds.push(m);
+        }
+    }
+    Ok(kinds)
+}
+
+/// Versions of the migrations this database has applied (none when it was
+/// never migrated).
+async fn applied_versions(pool: &PgPool) -> Result<Vec<i64>, DbError> {
     let mut stmt = statement(pool).await?;
     let applied: Vec<i64> = match query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
         .fetch_all(stmt.conn())
@@ -243,11 +275,7 @@ pub async fn pending_migrations(
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
         Err(e) => return Err(e.into()),
     };
-    Ok(combined(kinds)
-        .iter()
-        .map(|m| m.version)
-        .filter(|v| !applied.contains(v))
-        .collect())
+    Ok(applied)
 }
 
 /// A pool that connects on first use: long-running processes start even while

@@ -386,6 +386,18 @@ impl Registry {
         self.jobs.values()
     }
 
+    /// The kinds among `names` (those a configuration declares): a process
+    /// runs, schedules and migrates only these.
+    pub fn only<'a>(&self, names: impl IntoIterator<Item = &'a JobName>) -> Self {
+        let mut jobs = std::collections::BTreeMap::new();
+        for n in names {
+            if let Some(j) = self.jobs.get(n) {
+                jobs.insert(n.clone(), j.clone());
+            }
+        }
+        Self { jobs }
+    }
+
     /// Every kind's defaults, the base the config file is applied to.
     pub fn default_configs(&self) -> std::collections::BTreeMap<JobName, JobConfig> {
         self.jobs
@@ -419,9 +431,9 @@ impl Registry {
             .filter(|n| self.jobs.contains_key(n))
             .ok_or_else(|| {
                 format!(
-                    "unknown job {:?} (registered: {})",
+                    "unknown job {:?} (declared: {}; a job exists only when the configuration has a [jobs.<name>] table for it)",
                     crate::key::shown(name),
-                    known.join(", ")
+                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
                 )
             })
     }

@@ -236,7 +236,7 @@ pub async fn run(
     info!(
         worker_id = %opts.worker_id,
         concurrency = opts.concurrency,
-        jobs = ?specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>(),
+        jobs = %specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>().join(","),
         "worker started"
     );
 
