@@ -326,6 +326,15 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
     assert!(s[0]["processed_count"].as_i64().unwrap() > 0);
 
     let held = lease(&db.pool, KEY).await;
+    // The worker's sessions carry its id as application name, which the
+    // check below that they have ended relies on.
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slowpoke'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(sessions > 0, "no database session named after slowpoke");
     kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
     let _ = a.wait();
     // Policy hold: another worker does not take the expired run over.
