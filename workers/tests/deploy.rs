@@ -727,10 +727,18 @@ fn the_configmap_holds_a_configuration_the_binary_loads() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // And a file with a made-up key does fail, so the check above can.
+    // And the same file with a made-up key in one of its tables does fail,
+    // naming the key, so the check above can. The key goes inside the
+    // existing table: a second `[jobs.daily-settlement]` header would fail
+    // as a duplicate table, whatever the key.
+    const HEADER: &str = "[jobs.daily-settlement]\n";
+    assert!(
+        text.contains(HEADER),
+        "the ConfigMap configures no settlement"
+    );
     std::fs::write(
         &path,
-        format!("{text}\n[jobs.daily-settlement]\nbogus = 1\n"),
+        text.replacen(HEADER, &format!("{HEADER}bogus = 1\n"), 1),
     )
     .unwrap();
     let out = Command::new(BIN)
@@ -740,7 +748,10 @@ fn the_configmap_holds_a_configuration_the_binary_loads() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("bogus"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1242,6 +1253,24 @@ fn the_long_running_command_lines_start_and_answer_their_probes() {
 // ---------------------------------------------------------------------------
 // systemd-analyze
 
+/// Whether this is a CI run, where a missing tool fails the test.
+fn ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
+
+/// `systemd-analyze verify` on `units`: its exit status and its stderr.
+fn systemd_verify(units: &[PathBuf]) -> (std::process::ExitStatus, String) {
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(units)
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn systemd_analyze_verifies_the_units() {
     if Command::new("systemd-analyze")
@@ -1249,6 +1278,10 @@ fn systemd_analyze_verifies_the_units() {
         .output()
         .is_err()
     {
+        assert!(
+            !ci(),
+            "CI=true, but systemd-analyze is missing: .ci/run must install Debian's systemd package"
+        );
         eprintln!("skipped: systemd-analyze not installed (it comes with systemd)");
         return;
     }
@@ -1265,19 +1298,42 @@ fn systemd_analyze_verifies_the_units() {
         std::fs::write(&copy, text).unwrap();
         copies.push(copy);
     }
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .args(&copies)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (status, err) = systemd_verify(&copies);
     // verify exits 0 even for an unknown setting, which it only reports on
     // stderr; any line about these units is a failure. Lines about the
     // machine's own units are not ours to fix.
-    let ours: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("batchonce") || l.contains(&*dir.to_string_lossy()))
+    let ours = |err: &str| -> Vec<String> {
+        err.lines()
+            .filter(|l| l.contains("batchonce") || l.contains(&*dir.to_string_lossy()))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(status.success() && ours(&err).is_empty(), "{err}");
+    // The check can fail here: the same units with an unknown setting are
+    // reported, so a systemd-analyze that verified nothing (one that cannot
+    // work in this environment) would not pass the units above.
+    let broken: Vec<PathBuf> = copies
+        .iter()
+        .map(|c| {
+            let text = std::fs::read_to_string(c).unwrap().replacen(
+                "[Service]\n",
+                "[Service]\nFrobnicate=yes\n",
+                1,
+            );
+            let name = dir.join(format!("broken-{}", file_name(c)));
+            std::fs::write(&name, text).unwrap();
+            name
+        })
         .collect();
-    assert!(out.status.success() && ours.is_empty(), "{err}");
+    let (_, err) = systemd_verify(&broken);
+    for b in &broken {
+        assert!(
+            ours(&err)
+                .iter()
+                .any(|l| l.contains(&*file_name(b)) && l.contains("Frobnicate")),
+            "systemd-analyze verify did not report the unknown key in {}: {err}",
+            b.display()
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

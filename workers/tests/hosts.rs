@@ -13,7 +13,9 @@
 //! ```
 //!
 //! It needs root and iproute2, so it runs only when asked:
-//! `BATCHONCE_NETNS_TEST=1 cargo test -p batchonce-workers --test hosts -- --nocapture`
+//! `BATCHONCE_NETNS_TEST=1 cargo test -p batchonce-workers --test hosts -- --nocapture`.
+//! Under `CI=true` it must run: `.ci/run` sets the variable, and a CI run
+//! without it fails rather than passing as skipped.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::DirBuilderExt;
@@ -45,6 +47,15 @@ const PG_PORT: u16 = 5432;
 /// The hosts besides the database, each with the third octet of its /30.
 const HOSTS: [(&str, u8); 3] = [("w1", 1), ("w2", 2), ("pr", 3)];
 const SELF_FENCING: &str = "no heartbeat within the lease ttl; stopping the handler (self-fencing)";
+/// Every worker serves its metrics on this port of its own namespace's
+/// loopback; each namespace is new and empty, so the port is free in each.
+const METRICS_PORT: u16 = 9464;
+const JOB_LABEL: &str = "job=\"daily-settlement\"";
+
+/// Whether this is a CI run, where a missing prerequisite fails the test.
+fn ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
 
 fn date() -> NaiveDate {
     NaiveDate::from_ymd_opt(2026, 9, 15).unwrap()
@@ -302,13 +313,40 @@ impl Lab {
                 &["--log-format", "json", "worker", "--worker-id", id],
             )
             .args(["--concurrency", "1", "--poll-interval", "200ms"])
-            .args(["--grace", "5s", "--metrics-addr", "127.0.0.1:0"])
+            .args(["--grace", "5s", "--metrics-addr"])
+            .arg(format!("127.0.0.1:{METRICS_PORT}"))
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
             .unwrap();
         self.children.push(child);
         self.children.len() - 1
+    }
+
+    /// The `/metrics` text of the worker on `host`, fetched from inside its
+    /// namespace (its loopback is reachable nowhere else) by bash's
+    /// `/dev/tcp`, within 5 s; `None` if it does not answer.
+    fn metrics(&self, host: &str) -> Option<String> {
+        let request = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{METRICS_PORT} || exit 1; \
+             printf 'GET /metrics HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; cat <&3"
+        );
+        let out = self
+            .ip_command(&[
+                "netns",
+                "exec",
+                &self.ns(host),
+                "timeout",
+                "5",
+                "bash",
+                "-c",
+            ])
+            .arg(request)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.ip.display()));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && text.starts_with("HTTP/1.") && text.contains(" 200 "))
+            .then_some(text)
     }
 
     fn alive(&mut self, i: usize) -> bool {
@@ -409,6 +447,18 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// The value of the sample `name{...}` whose labels include each of
+/// `labels` (`key="value"`), in Prometheus text format; 0 when absent,
+/// as a counter that was never incremented is.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Whether w1's log has the self-fencing warning for the run.
 fn self_fenced(log: &Path) -> bool {
     std::fs::read_to_string(log)
@@ -425,6 +475,11 @@ fn secs(d: Duration) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     if std::env::var("BATCHONCE_NETNS_TEST").as_deref() != Ok("1") {
+        assert!(
+            !ci(),
+            "CI=true, but BATCHONCE_NETNS_TEST is not 1: CI must run the many-hosts test \
+             (.ci/run exports BATCHONCE_NETNS_TEST=1 and installs iproute2)"
+        );
         println!("skipped: set BATCHONCE_NETNS_TEST=1 (needs root and iproute2)");
         return;
     }
@@ -488,6 +543,16 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     .fetch_one(&pool)
     .await
     .unwrap();
+    // w1's metrics answer from inside its namespace, and it has lost no
+    // lease yet: the count after the cut is this run's.
+    let before = lab
+        .metrics("w1")
+        .expect("w1 serves /metrics on its namespace's loopback");
+    assert_eq!(
+        sample(&before, "batchonce_leases_lost_total", &[JOB_LABEL]),
+        0.0,
+        "{before}"
+    );
     // w2 must be up before the cut, so that it can take the run over; the
     // run is w1's, so w2 has nothing to claim until then.
     let w2_log = dir.join("w2.log");
@@ -540,9 +605,23 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
         still_w1s, 1,
         "w1 no longer held the run when its link was cut"
     );
-    // A statement that was running at the cut finishes within milliseconds;
-    // what is still open after that is a transaction waiting for w1.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A statement that was running at the cut finishes within milliseconds
+    // (its answer is lost on the way); what is still open after that is a
+    // transaction waiting for w1.
+    wait_until(
+        "w1's sessions to finish the statements they were running at the cut",
+        Duration::from_secs(5),
+        || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'w1' AND state = 'active'",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
     let in_transaction = count(
         &pool,
         "SELECT count(*) FROM pg_stat_activity \
@@ -552,14 +631,20 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
         > 0;
 
     // (a) w2 takes the run over, (b) w1 fences itself; both while the link
-    // is still down.
+    // is still down. Self-fencing is judged by w1's own state, its metrics
+    // (the handler was stopped and the lease counted lost, which with the
+    // link down nothing but the self-fencing check can do), and its log
+    // line is checked as well.
     let mut takeover = None;
     let mut fenced = None;
+    let mut counted: Option<(Duration, String)> = None;
     let deadline = cut + Duration::from_secs(30);
-    while takeover.is_none() || fenced.is_none() {
+    while takeover.is_none() || fenced.is_none() || counted.is_none() {
         assert!(
             Instant::now() < deadline,
-            "after 30s: takeover by w2 {takeover:?}, self-fencing of w1 {fenced:?}\nw1's log:\n{}",
+            "after 30s: takeover by w2 {takeover:?}, self-fencing in w1's log {fenced:?}, \
+             lease counted lost in w1's metrics {:?}\nw1's log:\n{}",
+            counted.as_ref().map(|c| c.0),
             std::fs::read_to_string(&w1_log).unwrap_or_default()
         );
         if takeover.is_none()
@@ -577,9 +662,37 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
         if fenced.is_none() && self_fenced(&w1_log) {
             fenced = Some(cut.elapsed());
         }
+        if counted.is_none() {
+            if let Some(m) = lab.metrics("w1") {
+                if sample(&m, "batchonce_leases_lost_total", &[JOB_LABEL]) >= 1.0 {
+                    counted = Some((cut.elapsed(), m));
+                }
+            }
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (takeover, fenced) = (takeover.unwrap(), fenced.unwrap());
+    let (counted, w1_metrics) = counted.unwrap();
+    // One lease, lost once, and its attempt ended as lease_lost: the
+    // handler was stopped, not left waiting on the dead link.
+    assert_eq!(
+        sample(&w1_metrics, "batchonce_leases_lost_total", &[JOB_LABEL]),
+        1.0,
+        "{w1_metrics}"
+    );
+    assert_eq!(
+        sample(
+            &w1_metrics,
+            "batchonce_attempts_total",
+            &[JOB_LABEL, "outcome=\"lease_lost\""]
+        ),
+        1.0,
+        "{w1_metrics}"
+    );
+    assert!(
+        sample(&w1_metrics, "batchonce_heartbeat_failures_total", &[]) >= 1.0,
+        "w1 fenced itself without a failed heartbeat: {w1_metrics}"
+    );
     // Not before the lease could have expired: the last lease extension
     // (a heartbeat every ttl/3, or a chunk commit) came at most a little
     // before the cut.
@@ -608,6 +721,12 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     assert!(
         fenced <= TTL * 2 + Duration::from_secs(1),
         "w1 fenced itself only {fenced:?} after the cut"
+    );
+    // Stopping the handler first ends its own open sessions, for at most
+    // 1 s (`end_own_sessions`), and then counts the lease lost.
+    assert!(
+        counted <= TTL * 2 + Duration::from_secs(3),
+        "w1 counted its lease lost only {counted:?} after the cut"
     );
     let old_outcome: Option<String> = sqlx::query_scalar(
         "SELECT outcome FROM batch_job_attempt WHERE job_key = $1 AND lease_token = $2",

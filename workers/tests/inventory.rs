@@ -1,6 +1,7 @@
 //! inventory-sync against real PostgreSQL: levels never move back to an
 //! older source version (late runs, repeated runs, overlapping runs while the
-//! source changes), a missing snapshot file retries and a bad one fails, and
+//! source changes), the same version never overwrites a stored level, a
+//! missing snapshot file retries and a bad one fails, and
 //! a SIGKILLed worker process is taken over with exact results.
 
 use std::collections::BTreeMap;
@@ -94,13 +95,16 @@ async fn enqueue(pool: &PgPool, runs: &[NewRun]) {
     queue::enqueue(pool, runs, Clock::Db).await.unwrap();
 }
 
-async fn wait_all_terminal(pool: &PgPool, n: i64) {
+/// Waits until `n` runs have ended (SUCCEEDED, FAILED or SKIPPED) and
+/// returns every run's status by key, so that each caller states which
+/// outcome it expects rather than accepting any end.
+async fn wait_all_terminal(pool: &PgPool, n: i64) -> BTreeMap<String, String> {
     let pool = pool.clone();
     wait_until("every run to end", Duration::from_secs(60), || {
         let pool = pool.clone();
         async move {
             let done: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM batch_job_run WHERE status IN ('SUCCEEDED', 'FAILED')",
+                "SELECT count(*) FROM batch_job_run WHERE status IN ('SUCCEEDED', 'FAILED', 'SKIPPED')",
             )
             .fetch_one(&pool)
             .await
@@ -109,6 +113,35 @@ async fn wait_all_terminal(pool: &PgPool, n: i64) {
         }
     })
     .await;
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT job_key, status FROM batch_job_run")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    rows.into_iter().collect()
+}
+
+/// Waits until `n` runs have ended and checks that every one SUCCEEDED.
+async fn wait_all_succeeded(pool: &PgPool, n: i64) {
+    let ended = wait_all_terminal(pool, n).await;
+    let errors: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT job_key, status, error_message FROM batch_job_run WHERE status <> 'SUCCEEDED'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        ended.values().all(|s| s == "SUCCEEDED"),
+        "a run did not succeed: {errors:?}"
+    );
+}
+
+/// The levels a run changed, as its fenced upserts counted them.
+async fn processed(pool: &PgPool, hm: &str) -> i64 {
+    sqlx::query_scalar("SELECT processed_count FROM batch_job_run WHERE job_key = $1")
+        .bind(format!("inventory-sync:2026-09-15T{hm}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 async fn levels(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
@@ -140,27 +173,44 @@ async fn a_late_or_repeated_run_never_moves_a_level_back() {
     set_source(&db.pool, 120, 100, 5).await;
     let w = start(&db, config(""), 1);
     enqueue(&db.pool, &[period("10:00")]).await;
-    wait_all_terminal(&db.pool, 1).await;
+    wait_all_succeeded(&db.pool, 1).await;
     let after_v5 = levels(&db.pool).await;
     assert_eq!(after_v5.len(), 120);
     assert!(after_v5.values().all(|(q, v)| *v == 5 && *q > 100));
+    assert_eq!(processed(&db.pool, "10:00").await, 120);
     // The source replica lags and shows an older version: nothing changes.
     set_source(&db.pool, 120, 900, 3).await;
     enqueue(&db.pool, &[period("10:15")]).await;
-    wait_all_terminal(&db.pool, 2).await;
+    wait_all_succeeded(&db.pool, 2).await;
     assert_eq!(levels(&db.pool).await, after_v5);
-    let processed: i64 = sqlx::query_scalar(
-        "SELECT processed_count FROM batch_job_run WHERE job_key = 'inventory-sync:2026-09-15T10:15'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(processed, 0, "an older snapshot changes no level");
-    // The same version again changes nothing either; a newer one wins.
-    set_source(&db.pool, 60, 7000, 9).await;
+    assert_eq!(
+        processed(&db.pool, "10:15").await,
+        0,
+        "an older snapshot changes no level"
+    );
+    // The same version again, with other quantities (a repeated delivery
+    // of version 5 that disagrees): a level is replaced only by a strictly
+    // newer version, so the stored one stays, quantity included.
+    set_source(&db.pool, 120, 500, 5).await;
     enqueue(&db.pool, &[period("10:30")]).await;
-    wait_all_terminal(&db.pool, 3).await;
+    wait_all_succeeded(&db.pool, 3).await;
+    assert_eq!(
+        levels(&db.pool).await,
+        after_v5,
+        "the same version overwrote a level"
+    );
+    assert_eq!(
+        processed(&db.pool, "10:30").await,
+        0,
+        "the same version changes no level"
+    );
+    // A newer one wins, for the SKUs it covers only.
+    set_source(&db.pool, 60, 7000, 9).await;
+    enqueue(&db.pool, &[period("10:45")]).await;
+    wait_all_succeeded(&db.pool, 4).await;
+    assert_eq!(processed(&db.pool, "10:45").await, 60);
     let now = levels(&db.pool).await;
+    assert_eq!(now.len(), 120);
     for (sku, (q, v)) in &now {
         let n: i64 = sku[1..].parse().unwrap();
         if n <= 60 {
@@ -226,7 +276,7 @@ async fn overlapping_runs_while_the_source_changes_never_regress() {
     writer.await.unwrap();
     // One more run after the source settled: levels equal the source.
     enqueue(&db.pool, &[period("11:30")]).await;
-    wait_all_terminal(&db.pool, 7).await;
+    wait_all_succeeded(&db.pool, 7).await;
     w.stop().await;
     let v = inventory::verify(&db.pool).await.unwrap();
     assert!(v.ok, "{}", v.detail);
@@ -271,25 +321,38 @@ async fn a_snapshot_file_that_is_missing_retries_and_a_bad_one_fails() {
     )
     .await;
     write_snapshot(&file, &[("A", 5, 2), ("B", 7, 3), ("A", 1, 1)]);
-    wait_all_terminal(&db.pool, 1).await;
-    let (status, attempts): (String, i32) =
-        sqlx::query_as("SELECT status, attempts FROM batch_job_run")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(status, "SUCCEEDED");
+    wait_all_succeeded(&db.pool, 1).await;
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM batch_job_run")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert!(attempts >= 2);
     assert_eq!(
         levels(&db.pool).await,
         BTreeMap::from([("A".into(), (5, 2)), ("B".into(), (7, 3))])
     );
+    // A file that repeats A's version with another quantity and brings a
+    // newer B: A stays as stored, B moves on.
+    write_snapshot(&file, &[("A", 99, 2), ("B", 8, 4)]);
+    enqueue(&db.pool, &[period("10:15")]).await;
+    wait_all_succeeded(&db.pool, 2).await;
+    assert_eq!(
+        levels(&db.pool).await,
+        BTreeMap::from([("A".into(), (5, 2)), ("B".into(), (8, 4))])
+    );
+    assert_eq!(processed(&db.pool, "10:15").await, 1);
     // A snapshot with a negative quantity fails the run at once and
     // changes nothing.
     write_snapshot(&file, &[("A", 50, 9), ("B", -1, 9)]);
-    enqueue(&db.pool, &[period("10:15")]).await;
-    wait_all_terminal(&db.pool, 2).await;
+    enqueue(&db.pool, &[period("10:30")]).await;
+    let ended = wait_all_terminal(&db.pool, 3).await;
+    assert_eq!(
+        ended.values().filter(|s| *s == "SUCCEEDED").count(),
+        2,
+        "{ended:?}"
+    );
     let (status, attempts, error): (String, i32, String) = sqlx::query_as(
-        "SELECT status, attempts, error_message FROM batch_job_run WHERE job_key LIKE '%10:15'",
+        "SELECT status, attempts, error_message FROM batch_job_run WHERE job_key LIKE '%10:30'",
     )
     .fetch_one(&db.pool)
     .await
@@ -341,7 +404,7 @@ async fn a_sigkilled_worker_process_is_taken_over_with_exact_levels() {
     first.kill().unwrap();
     first.wait().unwrap();
     let mut second = spawn("i2");
-    wait_all_terminal(&db.pool, 1).await;
+    wait_all_succeeded(&db.pool, 1).await;
     second.kill().unwrap();
     second.wait().unwrap();
     let (status, attempts, processed): (String, i32, i64) =

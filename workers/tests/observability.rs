@@ -3,6 +3,7 @@
 //! documented, and a real Prometheus scraping a worker and the exporter sees
 //! an injected failure and fires the FAILED-run alert.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use batchonce::telemetry;
 use batchonce::testing::{wait_until, TestDb};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
+use yaml_rust2::{Yaml, YamlLoader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
@@ -68,19 +70,191 @@ fn exported(name: &str) -> bool {
         })
 }
 
+/// The YAML files under `dashboards/`, recursively, sorted.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(yaml_files(&p));
+        } else if p.extension().is_some_and(|x| x == "yml" || x == "yaml") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn load_yaml(path: &Path) -> Yaml {
+    let text = std::fs::read_to_string(path).unwrap();
+    YamlLoader::load_from_str(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .next()
+        .unwrap_or(Yaml::Null)
+}
+
+/// What the promtool tests of one test file expect of one alert: whether
+/// some case expects it to fire and some case expects it quiet.
+#[derive(Debug, Default, Clone, Copy)]
+struct Exercised {
+    fires: bool,
+    quiet: bool,
+}
+
+/// The alert rule files under `dashboards/` (files with `groups`), with
+/// their alert names in order, and the promtool test files (files with
+/// `tests`), with what they expect of each alert and the rule files they
+/// load.
+#[allow(clippy::type_complexity)]
+fn rule_and_test_files() -> (
+    Vec<(PathBuf, Vec<String>)>,
+    Vec<(PathBuf, BTreeMap<String, Exercised>, BTreeSet<PathBuf>)>,
+) {
+    let mut rules = Vec::new();
+    let mut tests = Vec::new();
+    for path in yaml_files(&root().join("dashboards")) {
+        let doc = load_yaml(&path);
+        if let Some(groups) = doc["groups"].as_vec() {
+            let mut alerts = Vec::new();
+            for g in groups {
+                for r in g["rules"].as_vec().into_iter().flatten() {
+                    if let Some(a) = r["alert"].as_str() {
+                        alerts.push(a.to_owned());
+                    }
+                }
+            }
+            rules.push((path.canonicalize().unwrap(), alerts));
+        } else if let Some(cases) = doc["tests"].as_vec() {
+            let mut seen: BTreeMap<String, Exercised> = BTreeMap::new();
+            for case in cases {
+                for t in case["alert_rule_test"].as_vec().into_iter().flatten() {
+                    let name = t["alertname"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{}: a case without alertname", path.display()));
+                    let fires = t["exp_alerts"].as_vec().is_some_and(|v| !v.is_empty());
+                    let e = seen.entry(name.to_owned()).or_default();
+                    e.fires |= fires;
+                    e.quiet |= !fires;
+                }
+            }
+            let base = path.parent().unwrap();
+            let loads = doc["rule_files"]
+                .as_vec()
+                .into_iter()
+                .flatten()
+                .map(|f| {
+                    let f = base.join(f.as_str().expect("a rule file name"));
+                    f.canonicalize()
+                        .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+                })
+                .collect();
+            tests.push((path, seen, loads));
+        }
+    }
+    (rules, tests)
+}
+
 #[test]
 fn alert_rules_pass_promtool() {
+    // Every alert rule under dashboards/ has a promtool test that expects it
+    // to fire and one that expects it quiet, and every tested alert is a
+    // rule: a rule added without a test, or a test left behind by a removed
+    // rule, fails here.
+    let (rule_files, test_files) = rule_and_test_files();
+    assert!(
+        !rule_files.is_empty(),
+        "no alert rule file under dashboards/"
+    );
+    assert!(
+        !test_files.is_empty(),
+        "no promtool test file under dashboards/"
+    );
+    let mut defined: BTreeSet<String> = BTreeSet::new();
+    for (path, alerts) in &rule_files {
+        for a in alerts {
+            assert!(
+                defined.insert(a.clone()),
+                "{}: alert {a} is defined twice",
+                path.display()
+            );
+        }
+    }
+    let mut exercised: BTreeMap<String, Exercised> = BTreeMap::new();
+    for (path, seen, loads) in &test_files {
+        for (rules, _) in &rule_files {
+            assert!(
+                loads.contains(rules),
+                "{} does not load {}",
+                path.display(),
+                rules.display()
+            );
+        }
+        for (a, e) in seen {
+            let all = exercised.entry(a.clone()).or_default();
+            all.fires |= e.fires;
+            all.quiet |= e.quiet;
+        }
+    }
+    let tested: BTreeSet<String> = exercised.keys().cloned().collect();
+    assert_eq!(
+        defined,
+        tested,
+        "alerts without a test: {:?}; tests of no alert: {:?}",
+        defined.difference(&tested).collect::<Vec<_>>(),
+        tested.difference(&defined).collect::<Vec<_>>()
+    );
+    for (a, e) in &exercised {
+        assert!(e.fires, "no promtool case expects {a} to fire");
+        assert!(e.quiet, "no promtool case expects {a} to stay quiet");
+    }
+
+    // Every alert has a runbook line naming a batchonce command, and names
+    // only metrics the code exports.
+    for (path, alerts) in &rule_files {
+        let rules = std::fs::read_to_string(path).unwrap();
+        assert_eq!(
+            rules.matches("runbook: \"").count(),
+            alerts.len(),
+            "{}",
+            path.display()
+        );
+        assert!(rules.matches("runbook: \"").count() <= rules.matches("batchonce ").count());
+        for name in metric_names(&rules) {
+            assert!(
+                exported(&name),
+                "{} uses {name}, which the code does not export",
+                path.display()
+            );
+        }
+    }
     let Some(promtool) = tool("promtool") else {
         return;
     };
     let dir = root().join("dashboards/prometheus");
-    for args in [
-        vec!["check", "rules", "alerts.yml"],
-        vec!["test", "rules", "alerts_test.yml"],
-        vec!["check", "config", "prometheus.yml"],
-    ] {
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    for (path, _) in &rule_files {
+        runs.push(vec![
+            "check".into(),
+            "rules".into(),
+            path.display().to_string(),
+        ]);
+    }
+    for (path, _, _) in &test_files {
+        runs.push(vec![
+            "test".into(),
+            "rules".into(),
+            path.display().to_string(),
+        ]);
+    }
+    runs.push(vec![
+        "check".into(),
+        "config".into(),
+        "prometheus.yml".into(),
+    ]);
+    for args in &runs {
         let out = Command::new(&promtool)
-            .args(&args)
+            .args(args)
             .current_dir(&dir)
             .output()
             .unwrap();
@@ -89,28 +263,6 @@ fn alert_rules_pass_promtool() {
             "promtool {args:?} failed:\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    // Every alert has a test and a runbook line naming a batchonce command.
-    let rules = std::fs::read_to_string(dir.join("alerts.yml")).unwrap();
-    let tests = std::fs::read_to_string(dir.join("alerts_test.yml")).unwrap();
-    let alerts: Vec<&str> = rules
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("- alert: "))
-        .collect();
-    assert!(alerts.len() >= 7);
-    for a in &alerts {
-        assert!(
-            tests.contains(&format!("alertname: {a}")),
-            "{a} has no promtool test"
-        );
-    }
-    assert_eq!(rules.matches("runbook: \"").count(), alerts.len());
-    assert!(rules.matches("runbook: \"").count() <= rules.matches("batchonce ").count());
-    for name in metric_names(&rules) {
-        assert!(
-            exported(&name),
-            "alerts.yml uses {name}, which the code does not export"
         );
     }
 }
@@ -360,22 +512,55 @@ fn database_passwords_never_reach_logs() {
     let dir = scratch("password");
     let log = dir.join("worker.log");
     let port = free_port();
+    let mport = free_port();
     let url = format!("postgres://app:hunter2-secret@127.0.0.1:{port}/x");
-    let worker = spawn(
+    let mut worker = spawn(
         &[
             "--log-format",
             "json",
             "worker",
             "--metrics-addr",
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{mport}"),
         ],
         &url,
         &log,
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // The worker retries the unreachable database with a growing delay
+    // (200 ms, then 400 ms): two failed attempts logged are the paths that
+    // could print the URL, and the check waits for them, not for a time.
+    let retries = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("database not reachable yet")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while retries() < 2 {
+        assert!(
+            worker.try_wait().unwrap().is_none(),
+            "the worker exited instead of retrying: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not log two failed connection attempts in 20s: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its state agrees: up, but not ready, and its metrics do not carry the
+    // password either.
+    assert_eq!(get(mport, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(get(mport, "/readyz").map(|r| r.0), Some(503));
+    let metrics = get(mport, "/metrics")
+        .expect("the worker serves /metrics")
+        .1;
+    assert!(
+        !metrics.contains("hunter2"),
+        "the password leaked: {metrics}"
+    );
     stop(worker);
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("database not reachable yet"), "{text}");
     assert!(!text.contains("hunter2"), "the password leaked: {text}");
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("every log line is JSON");

@@ -31,6 +31,19 @@ fn hold_config(dir: &std::path::Path) -> PathBuf {
     p
 }
 
+/// The same policies as [`hold_config`] but `retry`: the control run that
+/// shows a recovery pass happened is enqueued under it.
+fn retry_config(dir: &std::path::Path) -> PathBuf {
+    let p = dir.join("retry.toml");
+    std::fs::write(
+        &p,
+        "[jobs.daily-settlement]\nlease_ttl = \"2s\"\nstale_after = \"3s\"\nchunk_size = 20\n\
+         chunk_pause = \"100ms\"\non_lease_expiry = \"retry\"\nmax_attempts = 3\n",
+    )
+    .unwrap();
+    p
+}
+
 fn cmd(db: &TestDb, cfg: Option<&PathBuf>, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.env("DATABASE_URL", &db.url)
@@ -109,6 +122,151 @@ fn stale(db: &TestDb, cfg: &PathBuf) -> Vec<serde_json::Value> {
     serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap()
 }
 
+/// Checks the command line's refusal contract: exit code 1 and one line on
+/// stderr that names the reason.
+fn refused(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "expected a refusal: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(want), "expected {want:?} in {err}");
+}
+
+/// A run's status, lease owner and lease token.
+async fn lease(pool: &PgPool, key: &str) -> (String, Option<String>, Option<i64>) {
+    sqlx::query_as("SELECT status, lease_owner, lease_token FROM batch_job_run WHERE job_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Polls `runs stale` until it lists something, and returns that listing.
+async fn wait_for_stale(db: &TestDb, cfg: &PathBuf, what: &str) -> Vec<serde_json::Value> {
+    let mut listed = Vec::new();
+    wait_until(what, Duration::from_secs(20), || {
+        listed = stale(db, cfg);
+        std::future::ready(!listed.is_empty())
+    })
+    .await;
+    listed
+}
+
+/// The control run of [`held_past_expiry_while_a_retry_run_is_recovered`],
+/// enqueued under policy `retry` while no worker runs, and not due for a
+/// day, so that no worker claims it before the test gives it a lease.
+const CONTROL: &str = "daily-settlement:2026-09-16";
+
+async fn enqueue_control(db: &TestDb, dir: &std::path::Path) {
+    let out = run(
+        db,
+        Some(&retry_config(dir)),
+        &["enqueue", "daily-settlement", "--date", "2026-09-16"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sqlx::query(
+        "UPDATE batch_job_run SET next_run_at = now() + interval '1 day' WHERE job_key = $1",
+    )
+    .bind(CONTROL)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// Proves that policy `hold` kept the run whose holder died, rather than
+/// merely that nothing happened yet: once the held lease has expired and
+/// the dead holder's sessions are gone, a control run under policy `retry`
+/// is given a lease that is expired too. Recovery takes every expired run of
+/// its policy in one statement, so the pass that recovers the control also
+/// saw the held run past its expiry and unlocked; only then is the held run
+/// checked, still RUNNING under its old owner and token.
+async fn held_past_expiry_while_a_retry_run_is_recovered(
+    db: &TestDb,
+    held: &(String, Option<String>, Option<i64>),
+) {
+    wait_until(
+        "the held run's lease to expire",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT lease_expires_at <= now() FROM batch_job_run WHERE job_key = $1",
+            )
+            .bind(KEY)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    // Recovery skips locked rows, so the killed holder's sessions must be
+    // gone: otherwise a pass could skip the held run for its lock alone.
+    wait_until(
+        "the killed worker's database sessions to end",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slowpoke'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+                == 0
+        },
+    )
+    .await;
+    // The control's lease expires now, which is no earlier than the held
+    // run's expiry: whatever pass recovers it saw both expired. Its attempt
+    // row is written in the same statement, so that recovery, and only
+    // recovery, closes it as `lease_expired`.
+    let control_token: i64 = sqlx::query_scalar(
+        "WITH r AS ( \
+           UPDATE batch_job_run SET status = 'RUNNING', attempts = 1, lease_owner = 'vanished', \
+             lease_token = batchonce_new_token(), lease_expires_at = now(), heartbeat_at = now(), \
+             started_at = now() \
+           WHERE job_key = $1 AND on_lease_expiry = 'retry' \
+           RETURNING job_key, lease_token, started_at) \
+         INSERT INTO batch_job_attempt (job_key, attempt, lease_token, worker_id, started_at) \
+         SELECT job_key, 1, lease_token, 'vanished', started_at FROM r RETURNING lease_token",
+    )
+    .bind(CONTROL)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    wait_until(
+        "the bystander to recover the expired control run under policy retry",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT outcome FROM batch_job_attempt WHERE job_key = $1 AND lease_token = $2",
+            )
+            .bind(CONTROL)
+            .bind(control_token)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            .as_deref()
+                == Some("lease_expired")
+        },
+    )
+    .await;
+    assert_eq!(
+        &lease(&db.pool, KEY).await,
+        held,
+        "policy hold: recovery must leave the expired run with its holder and token"
+    );
+    // The control run is then claimed like any other and must finish, so
+    // that it is not listed by `runs stale` later.
+    wait_until(
+        "the recovered control run to succeed",
+        Duration::from_secs(30),
+        || async { lease(&db.pool, CONTROL).await.0 == "SUCCEEDED" },
+    )
+    .await;
+}
+
 fn stop(mut child: Child) {
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -152,30 +310,39 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
             "bob",
         ],
     );
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("with a live lease and not past stale_after")
+    refused(
+        &out,
+        "fail refused for daily-settlement:2026-09-15: it is RUNNING with a live lease and not past stale_after",
     );
 
-    // Past stale_after (3s) while heartbeating: alive-slow.
-    tokio::time::sleep(Duration::from_millis(3500)).await;
-    let s = stale(&db, &cfg);
+    // Past stale_after (3s) while heartbeating: alive-slow. `runs stale`
+    // lists nothing before then, so the first listing that shows the run
+    // is the one to judge.
+    let s = wait_for_stale(&db, &cfg, "the run to be listed by `runs stale`").await;
     assert_eq!(s.len(), 1, "{s:?}");
     assert_eq!(s[0]["conclusion"], "alive-slow", "{s:?}");
     assert_eq!(s[0]["session_alive"], true);
     assert_eq!(s[0]["worker_id"], "slowpoke");
     assert!(s[0]["processed_count"].as_i64().unwrap() > 0);
 
+    let held = lease(&db.pool, KEY).await;
+    // The worker's sessions carry its id as application name, which the
+    // check below that they have ended relies on.
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slowpoke'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(sessions > 0, "no database session named after slowpoke");
     kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).unwrap();
     let _ = a.wait();
     // Policy hold: another worker does not take the expired run over.
+    enqueue_control(&db, &dir).await;
     let b = worker(&db, &cfg, &dir, "bystander");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        status(&db.pool).await,
-        ("RUNNING".into(), Some("slowpoke".into()))
-    );
+    held_past_expiry_while_a_retry_run_is_recovered(&db, &held).await;
     let s = stale(&db, &cfg);
+    assert_eq!(s.len(), 1, "{s:?}");
     assert_eq!(s[0]["conclusion"], "dead", "{s:?}");
     assert_eq!(s[0]["session_alive"], false);
     assert_eq!(s[0]["lease_expired"], true);
@@ -203,8 +370,17 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
             "--dry-run",
         ],
     );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("would change RUNNING -> FAILED"));
-    assert_eq!(status(&db.pool).await.0, "RUNNING");
+    assert_eq!(
+        lease(&db.pool, KEY).await,
+        held,
+        "a dry run changed the run"
+    );
     assert_eq!(audit_rows(&db.pool).await, 0);
 
     let out = run(
@@ -285,7 +461,11 @@ async fn stale_evidence_hold_then_audited_fail_and_rerun_settle_exactly() {
             "carol",
         ],
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("add --force"));
+    refused(
+        &out,
+        "rerun refused for daily-settlement:2026-09-15: it is SUCCEEDED (allowed from FAILED); re-running it is a correction: add --force",
+    );
+    assert_eq!(audit_rows(&db.pool).await, 2, "a refused rerun was audited");
     let out = run(
         &db,
         Some(&cfg),
@@ -391,12 +571,10 @@ async fn ten_racing_reruns_one_succeeds() {
             won += 1;
             assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED -> PENDING"));
         } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                err.contains("rerun refused for daily-settlement:2026-09-15: it is PENDING"),
-                "{err}"
+            refused(
+                &out,
+                "rerun refused for daily-settlement:2026-09-15: it is PENDING",
             );
-            assert_eq!(err.trim_end().lines().count(), 1);
         }
     }
     assert_eq!(won, 1);
@@ -443,11 +621,6 @@ async fn bad_operator_input_is_refused_and_changes_nothing() {
                 "a",
             ],
             "no run with key",
-        ),
-        (vec!["runs", "skip", KEY, "--operator", "a"], "--reason"),
-        (
-            vec!["runs", "skip", KEY, "--reason", "ok then"],
-            "--operator",
         ),
         (
             vec!["runs", "skip", KEY, "--reason", "", "--operator", "a"],
@@ -549,9 +722,19 @@ async fn bad_operator_input_is_refused_and_changes_nothing() {
         "invalid --reason",
     ));
     for (args, expect) in &cases {
-        let out = run(&db, None, args);
+        refused(&run(&db, None, args), expect);
+    }
+    // A missing flag is a usage error: exit code 2, and the line names it.
+    for (args, expect) in [
+        (vec!["runs", "skip", KEY, "--operator", "a"], "--reason"),
+        (
+            vec!["runs", "skip", KEY, "--reason", "ok then"],
+            "--operator",
+        ),
+    ] {
+        let out = run(&db, None, &args);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(
             err.contains(expect),
@@ -589,13 +772,19 @@ async fn bad_operator_input_is_refused_and_changes_nothing() {
             "a",
         ],
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("add --force"));
+    refused(
+        &out,
+        "rerun refused for daily-settlement:2026-09-15: it is SKIPPED (allowed from FAILED); re-running it is a correction: add --force",
+    );
     let out = run(
         &db,
         None,
         &["runs", "skip", KEY, "--reason", "again", "--operator", "a"],
     );
-    assert!(!out.status.success());
+    refused(
+        &out,
+        "skip refused for daily-settlement:2026-09-15: it is SKIPPED (allowed from PENDING or FAILED)",
+    );
     assert_eq!(audit_rows(&db.pool).await, 1);
     // The audit trail cannot be rewritten.
     for sql in [

@@ -191,13 +191,33 @@ fn command(url: &str, config: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// Runs a command that must fail with one error line containing `want`.
+/// Runs a command that must be refused: exit code 1 and one error line
+/// containing `want`.
 fn refused(url: &str, config: &Path, args: &[&str], want: &str) {
     let out = command(url, config, args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
     assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     assert!(err.contains(want), "{args:?}: {err}");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status code of an HTTP/1.0 GET on loopback, or `None` if nothing
+/// answers (test code only).
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    std::io::Read::read_to_string(&mut s, &mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A worker process that is stopped when the test ends, even by a panic.
@@ -411,21 +431,65 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
     admin.close().await;
 
     // Without --pgbouncer the worker's session setting is refused at once.
+    // PgBouncer's refusal is a connection error, so the worker retries:
+    // it stays up, but never gets a session, so it never registers and
+    // never turns ready. Two refusals logged show that it tried and retried;
+    // its readiness and the registry show what came of it.
+    let mport = free_port();
     let log = std::fs::File::create(dir.join("plain.log")).unwrap();
-    let plain = command(
+    let mut plain = command(
         &via,
         &config,
-        &["--log-format", "json", "worker", "--no-listen"],
+        &[
+            "--log-format",
+            "json",
+            "worker",
+            "--worker-id",
+            "plain",
+            "--no-listen",
+        ],
     )
-    .args(["--metrics-addr", "127.0.0.1:0", "--poll-interval", "200ms"])
+    .args(["--metrics-addr", &format!("127.0.0.1:{mport}")])
+    .args(["--poll-interval", "200ms"])
     .stdout(Stdio::null())
     .stderr(log)
     .spawn()
     .map(|c| Running(Some(c)))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refusals = || {
+        std::fs::read_to_string(dir.join("plain.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("unsupported startup parameter"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refusals() < 2 {
+        let child = plain.0.as_mut().unwrap();
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the worker without --pgbouncer exited instead of retrying: {}",
+            std::fs::read_to_string(dir.join("plain.log")).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the worker without --pgbouncer was not refused twice within 20s: {}",
+            std::fs::read_to_string(dir.join("plain.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http_status(mport, "/healthz"), Some(200));
+    assert_eq!(
+        http_status(mport, "/readyz"),
+        Some(503),
+        "a worker whose session setting is refused reports ready"
+    );
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM batch_worker WHERE worker_id = 'plain'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(registered, 0, "the worker without --pgbouncer registered");
     stop(plain);
-    let log = std::fs::read_to_string(dir.join("plain.log")).unwrap();
-    assert!(log.contains("unsupported startup parameter"), "{log}");
     let _ = std::fs::remove_dir_all(&bouncer.dir);
 }
