@@ -150,7 +150,12 @@ async fn a_database_that_declares_one_command_job_gets_nothing_else() {
         "no job to serve: no job is declared (no configuration file)",
     );
     refused(
-        cmd(&db.url, &dir, Some(&cfg), &["worker", "--jobs", "daily-settlement"]),
+        cmd(
+            &db.url,
+            &dir,
+            Some(&cfg),
+            &["worker", "--jobs", "daily-settlement"],
+        ),
         "--jobs: unknown job \"daily-settlement\" (declared: nightly-report;",
     );
 

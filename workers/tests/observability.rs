@@ -16,6 +16,8 @@ use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use yaml_rust2::{Yaml, YamlLoader};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 fn root() -> PathBuf {
@@ -354,6 +356,7 @@ fn spawn(args: &[&str], url: &str, log: &Path) -> Child {
     Command::new(BIN)
         .args(args)
         .env("DATABASE_URL", url)
+        .env("BATCHONCE_CONFIG", common::samples_config())
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -460,6 +463,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
         let out = Command::new(BIN)
             .args(["enqueue", "daily-settlement", "--date", d])
             .env("DATABASE_URL", &db.url)
+            .env("BATCHONCE_CONFIG", common::samples_config())
             .output()
             .unwrap();
         assert!(out.status.success());

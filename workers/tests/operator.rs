@@ -13,6 +13,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 
@@ -48,9 +50,9 @@ fn cmd(db: &TestDb, cfg: Option<&PathBuf>, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.env("DATABASE_URL", &db.url)
         .env_remove("BATCHONCE_CONFIG");
-    if let Some(cfg) = cfg {
-        c.arg("--config").arg(cfg);
-    }
+    // Without a file of its own, the bundled kinds the test exercises.
+    let cfg = cfg.map_or(common::samples_config(), |p| p.as_path());
+    c.arg("--config").arg(cfg);
     c.args(args);
     c
 }

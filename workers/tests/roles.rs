@@ -11,6 +11,8 @@ use batchonce::testing::{wait_for_status, TestDb};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 /// The URL of `url`'s server as `user`, who logs in with `password`: the
@@ -25,7 +27,7 @@ fn as_user(url: &str, user: &str, password: &str) -> String {
 fn run(url: &str, args: &[&str]) -> Output {
     Command::new(BIN)
         .env("DATABASE_URL", url)
-        .env_remove("BATCHONCE_CONFIG")
+        .env("BATCHONCE_CONFIG", common::samples_config())
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -133,6 +135,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     // A worker settles the date.
     let mut worker = Command::new(BIN)
         .env("DATABASE_URL", url("worker"))
+        .env("BATCHONCE_CONFIG", common::samples_config())
         .args([
             "worker",
             "--worker-id",

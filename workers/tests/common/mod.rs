@@ -55,3 +55,21 @@ pub async fn seed_orders(pool: &PgPool, date: NaiveDate, first_id: i64, n: i64) 
     .await
     .unwrap();
 }
+
+/// A configuration file that declares the three bundled kinds with their
+/// defaults, for tests that exercise them without a file of their own:
+/// only declared jobs exist, so a command without a file runs nothing.
+#[allow(dead_code)]
+pub fn samples_config() -> &'static Path {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("samples-{}.toml", std::process::id()));
+        std::fs::write(
+            &p,
+            "[jobs.daily-settlement]\n[jobs.notification-send]\n[jobs.inventory-sync]\n",
+        )
+        .unwrap();
+        p
+    })
+}
