@@ -1199,7 +1199,7 @@ async fn a_finish_batch_is_written_whole_or_not_at_all() {
     twice.push((leases[0].fence(), Finish::Release));
     let e = queue::finish_many(&db.pool, &twice, Clock::Db)
         .await
-        .unwrap_err();
+        .expect_err("a batch naming a key twice was written");
     assert!(
         matches!(&e, QueueError::Invalid(m) if m.contains("finished twice")),
         "{e}"

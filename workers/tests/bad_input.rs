@@ -2,10 +2,11 @@
 //! operators, durations and config values with SQL metacharacters, NUL
 //! bytes, confusable Unicode, control, bidi and zero-width characters, huge
 //! strings and out-of-range values, through every command-line argument and
-//! config key. Each must get one short error line and a non-zero exit, never
-//! a panic, and leave the database exactly as it was (a checksum of every
-//! batchonce table and the items, before and after).
-
+//! config key. Each must get one short error line that says what was
+//! refused and the exit status of its refusal (2 from the argument parser, 1
+//! from the command), never a panic, and leave the database exactly as it
+//! was (a checksum of every batchonce table and the items, before and
+//! after).
 //!
 //! Every argument slot gets a bad value on every run, and random cases come
 //! on top. The values are drawn from one seed, printed in every failure

@@ -497,6 +497,7 @@ fn assert_fence_refused<T>(r: Result<T, sqlx::Error>, key: &JobKey, token: i64, 
     );
 }
 
+/// The items committed so far.
 async fn items(pool: &PgPool) -> Vec<i32> {
     sqlx::query_scalar("SELECT n FROM t_item ORDER BY n")
         .fetch_all(pool)
