@@ -949,22 +949,82 @@ async fn status_counts_and_stale_runs() {
     assert_eq!(total, 2);
 }
 
+/// A run's row and its attempt rows, as text: what must not change.
+async fn snapshot(pool: &PgPool, key: &JobKey) -> (String, Vec<String>) {
+    let run: String = sqlx::query_scalar("SELECT r::text FROM batch_job_run r WHERE job_key = $1")
+        .bind(key.as_str())
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let attempts: Vec<String> = sqlx::query_scalar(
+        "SELECT a::text FROM batch_job_attempt a WHERE job_key = $1 ORDER BY attempt",
+    )
+    .bind(key.as_str())
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    (run, attempts)
+}
+
+/// What one finish left on a run: status, token, budget, lease, message,
+/// whether it is finished, and seconds until it is due again.
+type RunAfter = (String, Option<i64>, i32, bool, Option<String>, bool, f64);
+
+async fn run_after(pool: &PgPool, key: &JobKey) -> RunAfter {
+    sqlx::query_as(
+        "SELECT status, lease_token, max_attempts, lease_expires_at IS NOT NULL, error_message, \
+         finished_at IS NOT NULL, extract(epoch FROM next_run_at - now())::float8 \
+         FROM batch_job_run WHERE job_key = $1",
+    )
+    .bind(key.as_str())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The attempt rows of a run: (attempt, token, outcome, message, finished).
+async fn attempts_of(
+    pool: &PgPool,
+    key: &JobKey,
+) -> Vec<(i32, i64, Option<String>, Option<String>, bool)> {
+    sqlx::query_as(
+        "SELECT attempt, lease_token, outcome, error_message, finished_at IS NOT NULL \
+         FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
+    )
+    .bind(key.as_str())
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// One batch, six runs, every kind of finish, and a stale token for a run
+/// that is RUNNING again under another token: only the token can tell the
+/// stale finish apart. Each run gets exactly its own outcome; the stale one
+/// is left exactly as it was.
 #[tokio::test]
 async fn finish_many_ends_each_attempt_by_its_own_token() {
     let db = TestDb::new(&[]).await;
-    let runs: Vec<NewRun> = (1..=5).map(|d| run(d, 2)).collect();
+    let runs: Vec<NewRun> = (1..=6).map(|d| run(d, 2)).collect();
     queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
-    let mut leases = queue::claim(&db.pool, "w", &spec(Duration::from_secs(30)), 5, Clock::Db)
+    let ttl = Duration::from_secs(30);
+    let mut leases = queue::claim(&db.pool, "w", &spec(ttl), 6, Clock::Db)
         .await
         .unwrap();
-    assert_eq!(leases.len(), 5);
+    assert_eq!(leases.len(), 6);
     leases.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
-    // The fourth lease is taken over before the batch: its stale token must
-    // be refused while the other four finish.
+    // The fourth run is released and claimed again by another worker before
+    // the batch: RUNNING, under a new token.
     let stale = leases[3].fence();
     queue::finish(&db.pool, &stale, &Finish::Release, Clock::Db)
         .await
         .unwrap();
+    let taken = queue::claim(&db.pool, "w2", &spec(ttl), 1, Clock::Db)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(taken.key, stale.key);
+    assert_ne!(taken.token, stale.token);
+    let stale_before = snapshot(&db.pool, &stale.key).await;
     let items = vec![
         (leases[4].fence(), Finish::Succeeded),
         (
@@ -987,6 +1047,7 @@ async fn finish_many_ends_each_attempt_by_its_own_token() {
                 error: "bad data".into(),
             },
         ),
+        (leases[5].fence(), Finish::Release),
     ];
     let statuses = queue::finish_many(&db.pool, &items, Clock::Db)
         .await
@@ -999,52 +1060,191 @@ async fn finish_many_ends_each_attempt_by_its_own_token() {
             None,
             Some(RunStatus::Skipped),
             Some(RunStatus::Failed),
+            Some(RunStatus::Pending),
         ]
     );
-    // The refused one was left exactly as the release made it.
-    let (st, attempts, token) = status_of(&db.pool, &stale.key).await;
-    assert_eq!(st, "PENDING");
-    assert_eq!(attempts, 1);
-    assert_ne!(token, Some(stale.token));
-    // Every attempt row got its own outcome and message.
-    let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT job_key, outcome, error_message FROM batch_job_attempt ORDER BY job_key",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let got: Vec<(Option<String>, Option<String>)> =
-        rows.into_iter().map(|(_, o, m)| (o, m)).collect();
+    // The refused one: not a byte of its row or its attempts changed, and
+    // its holder can still finish it.
     assert_eq!(
-        got,
+        snapshot(&db.pool, &stale.key).await,
+        stale_before,
+        "a stale token's finish changed the run it lost"
+    );
+    // Each of the others: exactly its own finish.
+    for (i, want_status, same_token, budget, message, finished, due_in) in [
+        (
+            0,
+            "PENDING",
+            true,
+            2,
+            Some("flaky"),
+            false,
+            Some(55.0..=61.0),
+        ),
+        (1, "SKIPPED", true, 2, Some("holiday"), true, None),
+        (2, "FAILED", true, 2, Some("bad data"), true, None),
+        (4, "SUCCEEDED", true, 2, None, true, None),
+        (5, "PENDING", false, 3, None, false, Some(-5.0..=1.0)),
+    ] {
+        let l = &leases[i];
+        let (status, token, max_attempts, leased, error, done, wait) =
+            run_after(&db.pool, &l.key).await;
+        let what = format!(
+            "{} (finish {:?})",
+            l.key,
+            items.iter().find(|x| x.0.key == l.key)
+        );
+        assert_eq!(status, want_status, "{what}");
+        assert_eq!(
+            token == Some(l.token),
+            same_token,
+            "{what}: token {token:?}"
+        );
+        assert!(token.is_some(), "{what}: no token");
+        assert_eq!(max_attempts, budget, "{what}");
+        assert!(!leased, "{what}: the lease was kept");
+        assert_eq!(error.as_deref(), message, "{what}");
+        assert_eq!(done, finished, "{what}: finished_at");
+        if let Some(range) = due_in {
+            // Measured on the database clock.
+            assert!(range.contains(&wait), "{what}: due in {wait}s");
+        }
+        let outcome = match i {
+            0 => "retried",
+            1 => "skipped",
+            2 => "fatal",
+            4 => "succeeded",
+            _ => "released",
+        };
+        assert_eq!(
+            attempts_of(&db.pool, &l.key).await,
+            vec![(
+                1,
+                l.token,
+                Some(outcome.to_owned()),
+                message.map(str::to_owned),
+                true
+            )],
+            "{what}"
+        );
+    }
+    assert_eq!(
+        queue::finish(&db.pool, &taken.fence(), &Finish::Succeeded, Clock::Db)
+            .await
+            .unwrap(),
+        RunStatus::Succeeded
+    );
+    assert_eq!(
+        attempts_of(&db.pool, &stale.key).await,
         vec![
-            (Some("retried".into()), Some("flaky".into())),
-            (Some("skipped".into()), Some("holiday".into())),
-            (Some("fatal".into()), Some("bad data".into())),
-            (Some("released".into()), None),
-            (Some("succeeded".into()), None),
+            (1, stale.token, Some("released".to_owned()), None, true),
+            (2, taken.token, Some("succeeded".to_owned()), None, true),
         ]
     );
-    // The retried run waits for its delay, measured on the database clock.
-    let wait: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM next_run_at - now())::float8 FROM batch_job_run WHERE job_key = $1",
+}
+
+/// A batch is one statement and one commit: when it cannot be written
+/// whole, none of it is. Here one run's row is held by an open fence, so
+/// its release (a new token) cannot take the row within the lock timeout;
+/// the other runs of the batch, free to finish, must not finish either.
+/// A key twice in a batch is refused before anything is written.
+#[tokio::test]
+async fn a_finish_batch_is_written_whole_or_not_at_all() {
+    let db = TestDb::new(&[]).await;
+    let runs: Vec<NewRun> = (1..=4).map(|d| run(d, 3)).collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut leases = queue::claim(&db.pool, "w", &spec(ttl), 4, Clock::Db)
+        .await
+        .unwrap();
+    leases.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+    let mut before = Vec::new();
+    for l in &leases {
+        before.push(snapshot(&db.pool, &l.key).await);
+    }
+    let unchanged = |when: &'static str| {
+        let pool = db.pool.clone();
+        let leases = leases.clone();
+        let before = before.clone();
+        async move {
+            for (l, b) in leases.iter().zip(&before) {
+                assert_eq!(
+                    &snapshot(&pool, &l.key).await,
+                    b,
+                    "{}: {when}, yet it changed",
+                    l.key
+                );
+            }
+        }
+    };
+    let batch = vec![
+        (leases[0].fence(), Finish::Succeeded),
+        (
+            leases[1].fence(),
+            Finish::Retry {
+                error: "flaky".into(),
+                delay: Duration::from_secs(1),
+            },
+        ),
+        (leases[2].fence(), Finish::Release),
+        (
+            leases[3].fence(),
+            Finish::Fatal {
+                error: "bad data".into(),
+            },
+        ),
+    ];
+    // A key twice: refused whole, before the statement.
+    let mut twice = batch.clone();
+    twice.push((leases[0].fence(), Finish::Release));
+    let e = queue::finish_many(&db.pool, &twice, Clock::Db)
+        .await
+        .expect_err("a batch naming a key twice was written");
+    assert!(
+        matches!(&e, QueueError::Invalid(m) if m.contains("finished twice")),
+        "{e}"
+    );
+    unchanged("a batch naming a key twice was refused").await;
+
+    // The third run's row under an open fence: the batch times out whole.
+    let fence = queue::begin_fenced(&db.pool, &leases[2].fence(), ttl, Clock::Db)
+        .await
+        .unwrap();
+    let e = queue::finish_many_within(
+        &db.pool,
+        &batch,
+        Clock::Db,
+        Some(Duration::from_millis(300)),
     )
-    .bind(leases[0].key.as_str())
-    .fetch_one(&db.pool)
+    .await
+    .unwrap_err();
+    let code = match &e {
+        QueueError::Database(sqlx::Error::Database(d)) => d.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some("55P03"), "not a lock timeout: {e}");
+    unchanged("its batch timed out on another run's row").await;
+
+    // Once the fence ends, the same batch is written whole.
+    fence.commit().await.unwrap();
+    let done = queue::finish_many_within(
+        &db.pool,
+        &batch,
+        Clock::Db,
+        Some(Duration::from_millis(300)),
+    )
     .await
     .unwrap();
-    assert!((55.0..=61.0).contains(&wait), "retry in {wait}s");
-    // A key twice in one batch is refused before anything is written.
-    let again = queue::finish_many(
-        &db.pool,
-        &[
-            (leases[4].fence(), Finish::Succeeded),
-            (leases[4].fence(), Finish::Succeeded),
-        ],
-        Clock::Db,
-    )
-    .await;
-    assert!(matches!(again, Err(QueueError::Invalid(_))));
+    let statuses: Vec<Option<RunStatus>> = done.iter().map(|d| d.map(|d| d.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            Some(RunStatus::Succeeded),
+            Some(RunStatus::Pending),
+            Some(RunStatus::Pending),
+            Some(RunStatus::Failed),
+        ]
+    );
 }
 
 /// A run the previous release enqueued carries no context. Whoever freezes
@@ -1144,41 +1344,56 @@ async fn the_stored_lease_length_wins_over_the_claimers() {
 
 /// An attempt that finishes after its lease expired, before anyone took the
 /// run over, is accepted but reported, so the worker counts a lost lease.
+/// One batch holds an expired lease, a live one and a stale token: each is
+/// reported on its own.
 #[tokio::test]
 async fn a_finish_after_the_lease_expired_is_reported() {
     let db = TestDb::new(&[]).await;
-    let ttl = Duration::from_secs(2);
     queue::enqueue(
         &db.pool,
-        &[run_ttl(1, 3, ttl), run_ttl(2, 3, ttl)],
+        &[
+            run_ttl(1, 3, Duration::from_secs(2)),
+            run_ttl(2, 3, Duration::from_secs(60)),
+            run_ttl(3, 3, Duration::from_secs(60)),
+        ],
         Clock::Db,
     )
     .await
     .unwrap();
-    let leases = queue::claim(&db.pool, "w", &spec(ttl), 2, Clock::Db)
+    let mut leases = queue::claim(&db.pool, "w", &spec(Duration::from_secs(2)), 3, Clock::Db)
         .await
         .unwrap();
+    leases.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
     let later = db_now(&db.pool).await + chrono::Duration::seconds(5);
+    let stale = Fence {
+        key: leases[2].key.clone(),
+        token: leases[2].token ^ 1,
+    };
     let done = queue::finish_many_detailed(
         &db.pool,
-        &[(leases[0].fence(), Finish::Succeeded)],
+        &[
+            (leases[1].fence(), Finish::Succeeded),
+            (stale, Finish::Succeeded),
+            (leases[0].fence(), Finish::Succeeded),
+        ],
         Clock::At(later),
     )
     .await
     .unwrap();
     assert_eq!(
         done,
-        vec![Some(queue::Finished {
-            status: RunStatus::Succeeded,
-            lease_expired: true
-        })]
+        vec![
+            Some(queue::Finished {
+                status: RunStatus::Succeeded,
+                lease_expired: false
+            }),
+            None,
+            Some(queue::Finished {
+                status: RunStatus::Succeeded,
+                lease_expired: true
+            }),
+        ]
     );
-    let done = queue::finish_many_detailed(
-        &db.pool,
-        &[(leases[1].fence(), Finish::Succeeded)],
-        Clock::Db,
-    )
-    .await
-    .unwrap();
-    assert!(!done[0].unwrap().lease_expired);
+    let (status, _, token) = status_of(&db.pool, &leases[2].key).await;
+    assert_eq!((status.as_str(), token), ("RUNNING", Some(leases[2].token)));
 }

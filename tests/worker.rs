@@ -14,7 +14,9 @@ use sqlx::PgPool;
 
 /// Writes `items` rows into `test_item`, `chunk_size` per fenced transaction.
 /// The payload steers it: `fail_first` (retryable error on attempt 1),
-/// `panic_first`, `fatal`, `pause_ms` between chunks.
+/// `panic_first`, `fatal`, `pause_ms` between chunks, and `stall_at` (the
+/// chunk starting at that item blocks in a long statement after writing its
+/// rows, without ever looking at its cancellation).
 struct TestJob;
 
 #[async_trait]
@@ -62,6 +64,13 @@ impl Job for TestJob {
             .execute(tx.conn())
             .await?
             .rows_affected();
+            if p["stall_at"].as_i64() == Some(n) {
+                // A handler stuck in a statement, deaf to shutdown: only the
+                // worker's abort after the grace period can end it.
+                sqlx::query("SELECT pg_sleep(600)")
+                    .execute(tx.conn())
+                    .await?;
+            }
             tx.add_progress(written as i64, 0);
             ctx.commit(tx).await?;
             n = end;
@@ -341,64 +350,157 @@ async fn graceful_shutdown_releases_the_lease_at_a_chunk_boundary() {
     assert!(items < 1000);
 }
 
+/// A handler that ignores cancellation never reaches a chunk boundary: the
+/// worker waits out the grace period, then abandons it, ends its database
+/// session (which holds the run's row) and releases the run. Nothing of the
+/// abandoned chunk commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abort_after_grace_abandons_the_chunk_and_releases() {
     let db = setup().await;
-    // One chunk that takes far longer than the grace period.
-    let r = new_run(1, serde_json::json!({"items": 10, "pause_ms": 60000}));
+    // The first chunk (items 0-4) commits; the second writes items 5-9 and
+    // then blocks in `pg_sleep`, its transaction open.
+    let r = new_run(1, serde_json::json!({"items": 10, "stall_at": 5}));
     enqueue_one(&db.pool, &r).await;
-    let w = start(&db, "w1", 1, Duration::from_millis(300));
-    wait_until("the run is leased", Duration::from_secs(20), || async {
-        count(
-            &db.pool,
-            "SELECT count(*) FROM batch_job_run WHERE status = 'RUNNING'",
-        )
-        .await
-            == 1
-    })
+    let grace = Duration::from_millis(1500);
+    let w = start(&db, "w1", 1, grace);
+    wait_until(
+        "the handler to block in its second chunk",
+        Duration::from_secs(20),
+        || async {
+            count(&db.pool, STALLED).await == 1
+                && count(&db.pool, "SELECT count(*) FROM test_item").await == 5
+        },
+    )
     .await;
-    // The handler sleeps through the pause with cancellation, so shutdown
-    // interrupts it; either way the lease must come back.
-    w.signals.shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), w.handle)
+    let token: i64 = sqlx::query_scalar("SELECT lease_token FROM batch_job_run")
+        .fetch_one(&db.pool)
         .await
-        .unwrap()
         .unwrap();
-    let (view, _) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
-    assert_eq!(view.status, "PENDING");
+    let t = Instant::now();
+    w.signals.shutdown.cancel();
+    // The worker bounds everything after the abort by ABORT_BOUND; the extra
+    // second absorbs a loaded machine's scheduling.
+    let bound = grace + worker::ABORT_BOUND + Duration::from_secs(1);
+    tokio::time::timeout(bound, w.handle)
+        .await
+        .unwrap_or_else(|_| panic!("the worker did not stop within {bound:?} of shutdown"))
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= grace,
+        "the worker stopped {took:?} after shutdown, before its grace period of {grace:?} was over"
+    );
+    let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
+    assert_eq!(
+        view.status, "PENDING",
+        "the abandoned run was not released (stopped after {took:?})"
+    );
+    assert!(view.lease_expires_at.is_none(), "the lease was kept");
+    assert_ne!(
+        view.lease_token,
+        Some(token),
+        "the abandoned attempt's token still owns the run"
+    );
+    assert!(
+        w.signals.abort.is_cancelled(),
+        "the worker did not abort when the grace period ended"
+    );
+    assert_eq!(hist.len(), 1, "{hist:?}");
+    assert_eq!(hist[0].lease_token, token);
+    assert_eq!(hist[0].outcome.as_deref(), Some("released"), "{hist:?}");
+    assert!(hist[0].finished_at.is_some(), "{hist:?}");
+    // Only the first chunk committed, and the counters say so.
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM test_item").await, 5);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM test_item WHERE n >= 5").await,
+        0,
+        "the abandoned chunk's items committed"
+    );
+    assert_eq!(view.processed_count, 5);
+    assert_eq!(hist[0].processed_count, 5);
+    // The release could only take the row once the abandoned statement's
+    // session had ended; it must not linger either.
+    wait_until(
+        "the abandoned statement's session to end",
+        Duration::from_secs(5),
+        || async { count(&db.pool, STALLED).await == 0 },
+    )
+    .await;
 }
 
+/// The stalled handler's statement, running in this test's database.
+const STALLED: &str = "SELECT count(*) FROM pg_stat_activity \
+    WHERE datname = current_database() AND state = 'active' \
+    AND query = 'SELECT pg_sleep(600)'";
+
+/// An idle worker whose next poll is two minutes away picks up a new run at
+/// once: only the enqueue's NOTIFY can have woken it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn notify_wakes_an_idle_worker_long_before_its_poll() {
     let db = setup().await;
     let reg = registry();
-    let config = Config::defaults(&reg.default_configs());
+    // A long lease puts the worker's recovery pass 15 s apart (its longest),
+    // so no other statement of the worker runs while the test watches it.
+    let mut kinds = reg.default_configs();
+    for cfg in kinds.values_mut() {
+        cfg.lease_ttl = Duration::from_secs(600);
+    }
+    let config = Config::defaults(&kinds);
+    // Pools of its own, named, so that this worker's sessions are told apart
+    // from every other session in the cluster: claims on one, LISTEN on
+    // another (as with --listen-url), heartbeats on a third.
+    let idle = Duration::from_secs(60);
+    let pool = batchonce::db::connect_worker(&db.url, "listener", 4, idle).unwrap();
+    let heartbeats = batchonce::db::connect_worker(&db.url, "listener-heartbeat", 1, idle).unwrap();
+    let listen = batchonce::db::connect_worker(&db.url, "listener-listen", 1, idle).unwrap();
     let mut opts = WorkerOptions::new("listener");
-    opts.poll_interval = Duration::from_secs(120);
+    let poll = Duration::from_secs(120);
+    opts.poll_interval = poll;
+    opts.listen_pool = Some(listen);
     let signals = Shutdown::default();
     let handle = tokio::spawn(worker::run(
         reg,
         config,
-        db.pool.clone(),
-        db.pool.clone(),
+        pool,
+        heartbeats,
         opts,
         signals.clone(),
     ));
-    // Let the worker make its first (empty) claim and start listening.
+    // The worker starts with a claim, which finds nothing, and a LISTEN.
+    // Both must be over before the enqueue: a claim still to come could
+    // pick the run up without any notification.
+    let claimed = std::sync::atomic::AtomicBool::new(false);
     wait_until(
-        "the listener is connected",
-        Duration::from_secs(10),
-        || async {
-            count(
-                &db.pool,
-                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
-            )
-            .await
-                > 0
+        "the worker's first claim and its LISTEN session",
+        Duration::from_secs(20),
+        || {
+            let claimed = &claimed;
+            let pool = &db.pool;
+            async move {
+                let claim = count(
+                    pool,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND application_name = 'listener' AND state = 'idle' \
+                     AND query LIKE '%batchonce_claim%'",
+                )
+                .await;
+                // The claim's connection may serve another statement later:
+                // once seen, the first claim is over for good.
+                if claim > 0 {
+                    claimed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                let listening = count(
+                    pool,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND application_name = 'listener-listen' AND state = 'idle' \
+                     AND query LIKE 'LISTEN %batchonce_run%'",
+                )
+                .await;
+                claimed.load(std::sync::atomic::Ordering::Relaxed) && listening == 1
+            }
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
     queue::enqueue(
         &db.pool,
@@ -407,21 +509,29 @@ async fn notify_wakes_an_idle_worker_long_before_its_poll() {
     )
     .await
     .unwrap();
-    wait_until("the run succeeded", Duration::from_secs(20), || async {
-        count(
-            &db.pool,
-            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
-        )
-        .await
-            == 1
-    })
+    wait_until(
+        "the idle worker to run the new run (NOTIFY; its poll is 120 s away)",
+        Duration::from_secs(20),
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+            )
+            .await
+                == 1
+        },
+    )
     .await;
     assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "woken by NOTIFY, not by the 120s poll"
+        t.elapsed() < poll / 6,
+        "picked up after {:?}: not woken by NOTIFY",
+        t.elapsed()
     );
     signals.shutdown.cancel();
-    handle.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .expect("the worker did not stop within 10 s of shutdown")
+        .unwrap();
 }
 
 #[tokio::test]

@@ -433,81 +433,254 @@ async fn a_sigkilled_worker_takes_its_program_with_it() {
     );
 }
 
-#[tokio::test]
-async fn the_sql_fence_refuses_a_token_that_lost_the_lease() {
-    let db = TestDb::new(&batchonce_workers::migrations()).await;
+/// Enqueues and claims one `cmd-x` run of `date` whose lease lasts `ttl`.
+async fn claim_cmd_x(pool: &PgPool, date: &str, ttl: Duration) -> queue::Lease {
+    let date: NaiveDate = date.parse().unwrap();
     let job = JobName::parse("cmd-x").unwrap();
-    let key = JobKey::parse("cmd-x:2026-09-15").unwrap();
-    queue::enqueue(
-        &db.pool,
-        &[NewRun::new(
-            key.clone(),
-            NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
-            &batchonce::JobConfig {
-                max_attempts: 3,
-                ..Default::default()
-            },
-        )
-        .unwrap()],
-        Clock::Db,
+    let run = NewRun::new(
+        JobKey::daily(&job, date),
+        date,
+        &batchonce::JobConfig {
+            max_attempts: 3,
+            lease_ttl: ttl,
+            ..Default::default()
+        },
     )
-    .await
     .unwrap();
+    queue::enqueue(pool, std::slice::from_ref(&run), Clock::Db)
+        .await
+        .unwrap();
     let spec = ClaimSpec {
         job,
-        lease_ttl: Duration::from_secs(30),
+        lease_ttl: ttl,
     };
-    let lease = queue::claim(&db.pool, "t", &[spec], 1, Clock::Db)
+    let lease = queue::claim(pool, "t", &[spec], 1, Clock::Db)
         .await
         .unwrap()
         .pop()
-        .unwrap();
-    let fence = |token: i64| {
-        sqlx::query("SELECT batchonce_fence($1, $2)")
-            .bind(key.as_str())
-            .bind(token)
-            .execute(&db.pool)
+        .expect("the run just enqueued is claimed");
+    assert_eq!(lease.key, run.key);
+    lease
+}
+
+/// Opens a transaction and calls the fence in it first, as a command
+/// program does.
+async fn open_fence(
+    pool: &PgPool,
+    key: &JobKey,
+    token: i64,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT batchonce_fence($1, $2)")
+        .bind(key.as_str())
+        .bind(token)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// The fence's refusal: SQLSTATE BO001, naming the run and the token.
+fn assert_fence_refused<T>(r: Result<T, sqlx::Error>, key: &JobKey, token: i64, why: &str) {
+    let err = match r {
+        Ok(_) => panic!("the fence admitted token {token} of {key}, {why}"),
+        Err(e) => e,
     };
-    fence(lease.token).await.unwrap();
-    let err = fence(lease.token + 1).await.unwrap_err();
-    let db_err = err.as_database_error().unwrap();
-    assert_eq!(db_err.code().as_deref(), Some("BO001"));
-    assert!(db_err.message().contains("lease lost for cmd-x:2026-09-15"));
-    // Inside a transaction the refusal aborts it: nothing written commits.
+    let db_err = err
+        .as_database_error()
+        .unwrap_or_else(|| panic!("{why}: not a database error: {err}"));
+    assert_eq!(db_err.code().as_deref(), Some("BO001"), "{why}: {err}");
+    assert!(
+        db_err
+            .message()
+            .contains(&format!("lease lost for {key} (token {token})")),
+        "{why}: {err}"
+    );
+}
+
+/// The items committed so far.
+async fn items(pool: &PgPool) -> Vec<i32> {
+    sqlx::query_scalar("SELECT n FROM t_item ORDER BY n")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// The SQL fence of command programs (`batchonce_fence`) admits the run's
+/// current token only: after a takeover the old token is refused and the
+/// new one admitted. While a transaction holds the fence, recovery does not
+/// take the run over and an operator's takeover waits for that transaction
+/// to end; what it wrote commits.
+#[tokio::test]
+async fn the_sql_fence_refuses_a_token_that_lost_the_lease() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
     sqlx::query("CREATE TABLE t_item (n int)")
         .execute(&db.pool)
         .await
         .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let a = claim_cmd_x(&db.pool, "2026-09-15", ttl).await;
+    let key = a.key.clone();
+    let job = JobName::parse("cmd-x").unwrap();
+    let mut tx = open_fence(&db.pool, &key, a.token)
+        .await
+        .expect("the fence refused the token just claimed");
     sqlx::query("INSERT INTO t_item VALUES (1)")
         .execute(&mut *tx)
         .await
         .unwrap();
-    assert!(sqlx::query("SELECT batchonce_fence($1, $2)")
-        .bind(key.as_str())
-        .bind(lease.token + 1)
+    // The lease is past its end by the clock recovery is given, but the
+    // fence holds the row: recovery leaves it alone.
+    let db_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let later = Clock::At(db_now + chrono::Duration::minutes(2));
+    let rec = queue::recover_expired(&db.pool, std::slice::from_ref(&job), &[], later)
+        .await
+        .unwrap();
+    assert!(rec.is_empty(), "recovered under an open fence: {rec:?}");
+    tx.commit().await.unwrap();
+    assert_eq!(items(&db.pool).await, vec![1], "the fenced write committed");
+
+    // Now it is taken over: recovery, then another claim, token B.
+    let rec = queue::recover_expired(&db.pool, std::slice::from_ref(&job), &[], later)
+        .await
+        .unwrap();
+    assert_eq!(rec.len(), 1, "{rec:?}");
+    let spec = ClaimSpec {
+        job: job.clone(),
+        lease_ttl: ttl,
+    };
+    let b = queue::claim(&db.pool, "t2", &[spec], 1, later)
+        .await
+        .unwrap()
+        .pop()
+        .expect("the recovered run is claimed again");
+    assert_eq!((b.key.clone(), b.attempt), (key.clone(), 2));
+    assert_ne!(b.token, a.token);
+    // The old holder's token is refused, and what its transaction wrote
+    // before the fence does not commit.
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO t_item VALUES (2)")
         .execute(&mut *tx)
         .await
-        .is_err());
-    assert!(
-        tx.commit().await.is_err() || {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t_item")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-            n == 0
-        }
+        .unwrap();
+    let refused = sqlx::query("SELECT batchonce_fence($1, $2)")
+        .bind(key.as_str())
+        .bind(a.token)
+        .execute(&mut *tx)
+        .await;
+    assert_fence_refused(refused, &key, a.token, "after a takeover");
+    // The refusal aborted the transaction: its COMMIT can only roll back.
+    let _ = tx.commit().await;
+    assert_fence_refused(
+        open_fence(&db.pool, &key, a.token).await,
+        &key,
+        a.token,
+        "after a takeover",
     );
-    // After the run finishes, even the old holder's token is refused.
-    queue::finish(
-        &db.pool,
-        &lease.fence(),
-        &queue::Finish::Succeeded,
-        Clock::Db,
+    assert_eq!(
+        items(&db.pool).await,
+        vec![1],
+        "a refused fence's write committed"
+    );
+    // The current token is admitted.
+    let mut tx = open_fence(&db.pool, &key, b.token)
+        .await
+        .expect("the fence refused the current token");
+    sqlx::query("INSERT INTO t_item VALUES (3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // While B's transaction holds the fence, an operator's takeover (fail,
+    // which gives the run a new token) waits for it.
+    let request = queue::OperatorRequest {
+        action: queue::Action::Fail,
+        key: key.clone(),
+        operator: "kim".into(),
+        reason: "the program hangs".into(),
+        force: true,
+        stale_after: Duration::from_secs(1200),
+        max_attempts: 3,
+    };
+    let pool = db.pool.clone();
+    let takeover =
+        tokio::spawn(async move { queue::apply_action(&pool, &request, Clock::Db).await });
+    wait_until(
+        "the operator's takeover to wait on the fenced row",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE '%batchonce_operator_check%'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+                == 1
+        },
     )
-    .await
-    .unwrap();
-    assert!(fence(lease.token).await.is_err());
+    .await;
+    assert!(
+        !takeover.is_finished(),
+        "the takeover did not wait for the fence"
+    );
+    let (status, _, _) = run_row(&db.pool, key.as_str()).await;
+    assert_eq!(status, "RUNNING");
+    tx.commit().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), takeover)
+        .await
+        .expect("the takeover did not go through within 10 s of the fence's end")
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|r| panic!("the takeover was refused: {r}"));
+    assert_eq!(
+        (outcome.before.as_str(), outcome.after.as_str()),
+        ("RUNNING", "FAILED")
+    );
+    assert_eq!(items(&db.pool).await, vec![1, 3]);
+    // And after it, B is refused too.
+    assert_fence_refused(
+        open_fence(&db.pool, &key, b.token).await,
+        &key,
+        b.token,
+        "after the operator failed the run",
+    );
+}
+
+/// A lease that ran out, although nobody took the run over yet (still
+/// RUNNING under the same token), is refused by the fence.
+#[tokio::test]
+async fn the_sql_fence_refuses_an_expired_lease() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let c = claim_cmd_x(&db.pool, "2026-09-16", Duration::from_secs(1)).await;
+    // The fence reads the database's clock: wait until it says the lease
+    // is over.
+    wait_until(
+        "the 1 s lease to expire on the database clock",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT lease_expires_at <= clock_timestamp() FROM batch_job_run",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    let (status, token): (String, Option<i64>) =
+        sqlx::query_as("SELECT status, lease_token FROM batch_job_run")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), token), ("RUNNING", Some(c.token)));
+    assert_fence_refused(
+        open_fence(&db.pool, &c.key, c.token).await,
+        &c.key,
+        c.token,
+        "whose lease expired",
+    );
 }
 
 /// The Node.js example of the README: `examples/node-invoices`, SIGKILLed
