@@ -27,6 +27,8 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as PropConfig, RngAlgorithm, TestRng, TestRunner};
 use sqlx::PgPool;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 /// How long any command may take: a refusal takes well under a second.
@@ -172,8 +174,10 @@ async fn db_with_history() -> TestDb {
 
 fn run(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Output {
     let mut c = Command::new(BIN);
+    // Without a file of its own, the bundled kinds the test exercises, by
+    // the environment, so that a `--config` among `args` still wins.
     c.env("DATABASE_URL", &db.url)
-        .env_remove("BATCHONCE_CONFIG");
+        .env("BATCHONCE_CONFIG", common::samples_config());
     if let Some(cfg) = config {
         c.arg("--config").arg(cfg);
     }

@@ -34,7 +34,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// One command job of the user's own, scheduled daily.
 fn own_job_config(dir: &Path) -> PathBuf {
-    let p = dir.join("batchonce.toml");
+    let p = dir.join("own.toml");
     std::fs::write(
         &p,
         "[jobs.nightly-report]\ncommand = [\"sh\", \"-c\", \"echo report $BATCHONCE_BUSINESS_DATE\"]\n\

@@ -50,9 +50,12 @@ fn cmd(db: &TestDb, cfg: Option<&PathBuf>, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.env("DATABASE_URL", &db.url)
         .env_remove("BATCHONCE_CONFIG");
-    // Without a file of its own, the bundled kinds the test exercises.
-    let cfg = cfg.map_or(common::samples_config(), |p| p.as_path());
-    c.arg("--config").arg(cfg);
+    // Without a file of its own, the bundled kinds the test exercises, by
+    // the environment, so that a `--config` among `args` still wins.
+    c.env("BATCHONCE_CONFIG", common::samples_config());
+    if let Some(cfg) = cfg {
+        c.arg("--config").arg(cfg);
+    }
     c.args(args);
     c
 }

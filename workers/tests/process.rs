@@ -81,9 +81,12 @@ fn batchonce(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Command {
     c.env("DATABASE_URL", &db.url)
         .env_remove("BATCHONCE_CONFIG")
         .env("RUST_LOG", "info");
-    // Without a file of its own, the bundled kinds the test exercises.
-    let cfg = config.map_or(common::samples_config(), |p| p.as_path());
-    c.arg("--config").arg(cfg);
+    // Without a file of its own, the bundled kinds the test exercises, by
+    // the environment, so that a `--config` among `args` still wins.
+    c.env("BATCHONCE_CONFIG", common::samples_config());
+    if let Some(cfg) = config {
+        c.arg("--config").arg(cfg);
+    }
     c.args(args);
     c
 }
