@@ -1,5 +1,45 @@
 //! Rebuilds the crate when a migration is added: `sqlx::migrate!` embeds the
 //! folder at compile time, and cargo would not otherwise notice a new file.
+//! Also records the commit being built (`BATCHONCE_GIT_COMMIT` from the
+//! environment, else `git rev-parse`) for the `batchonce_build_info` metric;
+//! without either, the metric says `unknown`.
+use std::process::Command;
+
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-env-changed=BATCHONCE_GIT_COMMIT");
+    let commit = std::env::var("BATCHONCE_GIT_COMMIT")
+        .ok()
+        .or_else(git_commit)
+        // A label value: only what a commit id holds.
+        .filter(|c| !c.is_empty() && c.len() <= 40 && c.bytes().all(|b| b.is_ascii_hexdigit()));
+    if let Some(c) = commit {
+        println!("cargo:rustc-env=BATCHONCE_GIT_COMMIT={c}");
+    }
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(String::from_utf8(out.stdout).ok()?.trim().to_owned())
+}
+
+fn git_commit() -> Option<String> {
+    let commit = git(&["rev-parse", "--short=12", "HEAD"])?;
+    // Build again when HEAD moves: a checkout changes HEAD, a commit the
+    // branch's ref (or packed-refs).
+    // A path that does not exist would make cargo run this every build.
+    let watch = |path: Option<String>| {
+        if let Some(p) = path.filter(|p| std::path::Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    };
+    watch(git(&["rev-parse", "--git-path", "HEAD"]));
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch(git(&["rev-parse", "--git-path", &branch]));
+    }
+    watch(git(&["rev-parse", "--git-path", "packed-refs"]));
+    Some(commit)
 }

@@ -700,8 +700,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
-            let st =
-                queue::status(&pool, &queue::StaleSpec::from_config(&config), Clock::Db).await?;
+            let st = queue::status(&pool, Clock::Db).await?;
             let drift = crate::worker_registry::config_drift(&pool).await?;
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
@@ -727,7 +726,13 @@ async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
                     if st.stale.is_empty() {
                         "none".to_owned()
                     } else {
-                        esc(&st.stale.join(", ")).into_owned()
+                        esc(&st
+                            .stale
+                            .iter()
+                            .map(|s| format!("{} ({})", s.job_key, s.conclusion))
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .into_owned()
                     }
                 );
                 print_drift(&drift);
@@ -746,8 +751,7 @@ async fn runs_command(
 ) -> anyhow::Result<ExitCode> {
     match command {
         RunsCommand::Stale => {
-            let stale =
-                queue::stale_runs(pool, &queue::StaleSpec::from_config(config), Clock::Db).await?;
+            let stale = queue::stale_runs(pool, Clock::Db).await?;
             let drift = crate::worker_registry::config_drift(pool).await?;
             if json_out {
                 println!("{}", json_for_terminal(&stale)?);
@@ -839,7 +843,9 @@ async fn runs_command(
                 operator,
                 reason,
                 force: a.force,
-                stale_after: cfg.stale_after,
+                // Only for a run that stores no policy: the engine's default,
+                // as `runs stale` judges such a run.
+                stale_after: crate::config::JobConfig::default().stale_after,
                 max_attempts: cfg.max_attempts,
             };
             let opts = queue::blockers::ActOptions {
@@ -882,11 +888,7 @@ async fn runs_command(
                 })?),
                 None => None,
             };
-            let job = match job {
-                Some(j) => Some(registry.resolve(j).map_err(|e| anyhow!(e))?),
-                None => None,
-            };
-            let runs = queue::list_runs(pool, status, job.as_ref(), *limit).await?;
+            let runs = list_runs(pool, registry, status, job.as_deref(), *limit).await?;
             if json_out {
                 println!("{}", json_for_terminal(&runs)?);
             } else {
@@ -1022,6 +1024,30 @@ async fn runs_command(
 /// An operator action that gave up waiting for the run's row: one error
 /// line and the sessions in detail on stderr, and with `--json` the same
 /// as one object on stdout. Exit 1.
+/// `runs list`: the runs of any job the database holds, whatever this
+/// process's configuration declares. A name with no runs that the
+/// configuration does not know either is most likely a typo: that is an
+/// error naming the known jobs, rather than an empty list.
+async fn list_runs(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    status: Option<RunStatus>,
+    job: Option<&str>,
+    limit: u32,
+) -> anyhow::Result<Vec<queue::RunView>> {
+    let name = job.map(JobName::parse).transpose()?;
+    let runs = queue::list_runs(pool, status, name.as_ref(), limit).await?;
+    if let (Some(j), true) = (job, runs.is_empty()) {
+        if queue::list_runs(pool, None, name.as_ref(), 1)
+            .await?
+            .is_empty()
+        {
+            registry.resolve(j).map_err(|e| anyhow!(e))?;
+        }
+    }
+    Ok(runs)
+}
+
 fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
     let line = crate::queue::truncate(&b.to_string());
     eprintln!("batchonce: error: {}", esc(&line));

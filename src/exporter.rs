@@ -1,8 +1,13 @@
 //! `batchonce exporter`: publishes the database-derived gauges (runs per job
-//! and status, oldest pending age, stale runs, last success, attempts of the
-//! current run, expired leases, configurations among live processes) from
-//! one process, so they are exported once rather than by every worker.
-//! Database errors are logged and retried.
+//! and status, oldest pending age, stale runs, last success, newest failure,
+//! newest period done, attempts of the current run, expired leases,
+//! configurations among live processes) from one process, so they are
+//! exported once rather than by every worker. It reports every job the
+//! database knows (each job with runs, each job a process registered), not
+//! only those of its own file, and judges each run by the policies the run
+//! stores: an exporter started anywhere, with any file or none, publishes
+//! the same numbers as `status` and `runs stale`. Database errors are
+//! logged and retried.
 
 use std::time::Duration;
 
@@ -12,13 +17,14 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::queue::{self, StaleSpec};
+use crate::key::JobName;
+use crate::queue;
 use crate::telemetry;
 
-/// Reads the gauges once and publishes them.
-pub async fn publish_once(pool: &PgPool, config: &Config) -> Result<(), queue::QueueError> {
-    let specs = StaleSpec::from_config(config);
-    for (job, g) in queue::gauges(pool, &specs, Clock::Db).await? {
+/// Reads the gauges once and publishes them. `also` names jobs to publish
+/// zeros for while they have no runs yet (the exporter's own file).
+pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::QueueError> {
+    for (job, g) in queue::gauges(pool, also, Clock::Db).await? {
         let job = job.to_string();
         for (status, n) in &g.runs {
             metrics::gauge!(telemetry::RUNS, "job" => job.clone(), "status" => status.clone())
@@ -27,7 +33,15 @@ pub async fn publish_once(pool: &PgPool, config: &Config) -> Result<(), queue::Q
         metrics::gauge!(telemetry::OLDEST_PENDING_AGE, "job" => job.clone())
             .set(g.oldest_pending_seconds);
         metrics::gauge!(telemetry::STALE_RUNS, "job" => job.clone()).set(g.stale as f64);
-        metrics::gauge!(telemetry::LAST_SUCCESS, "job" => job.clone()).set(g.last_success_unix);
+        // A job that never succeeded has no last success: publishing 0
+        // would read as "56 years ago" on a dashboard.
+        if let Some(t) = g.last_success_unix {
+            metrics::gauge!(telemetry::LAST_SUCCESS, "job" => job.clone()).set(t);
+        }
+        metrics::gauge!(telemetry::NEWEST_FAILURE, "job" => job.clone()).set(g.newest_failure_unix);
+        if let Some(t) = g.last_done_period_start_unix {
+            metrics::gauge!(telemetry::LAST_DONE_PERIOD, "job" => job.clone()).set(t);
+        }
         metrics::gauge!(telemetry::CURRENT_ATTEMPTS, "job" => job.clone())
             .set(g.current_attempts as f64);
         metrics::gauge!(telemetry::EXPIRED_LEASES, "job" => job).set(g.expired_leases as f64);
@@ -42,8 +56,10 @@ pub async fn publish_once(pool: &PgPool, config: &Config) -> Result<(), queue::Q
 
 /// Publishes every `interval` until `stop`.
 pub async fn run(pool: PgPool, config: Config, interval: Duration, stop: CancellationToken) {
+    telemetry::install();
+    let also: Vec<JobName> = config.jobs.keys().cloned().collect();
     loop {
-        if let Err(e) = publish_once(&pool, &config).await {
+        if let Err(e) = publish_once(&pool, &also).await {
             warn!(error = %e, "exporter could not read the database; retrying");
         }
         tokio::select! {

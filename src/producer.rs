@@ -163,6 +163,9 @@ pub struct JobTick {
     pub skipped: Vec<String>,
     pub duplicates: usize,
     pub truncated: bool,
+    /// The start of the latest period the schedule has made due (the
+    /// newest in the catch-up window); `None` if the window holds none.
+    pub due_period_start: Option<DateTime<Utc>>,
 }
 
 /// One producer tick at `clock`'s now: plans every job, enqueues all runs in
@@ -199,6 +202,7 @@ pub async fn tick(
                 job: p.job.to_string(),
                 window_start: Some(p.window_start),
                 truncated: p.truncated,
+                due_period_start: p.runs.iter().map(|r| r.context.period_start).max(),
                 ..JobTick::default()
             };
             for r in &p.runs {
@@ -219,6 +223,12 @@ pub fn log_tick(report: &[JobTick]) {
     metrics::gauge!(crate::telemetry::PRODUCER_LAST_TICK)
         .set(Utc::now().timestamp_millis() as f64 / 1000.0);
     for t in report {
+        // What the missed-run alert compares with the newest period done
+        // (docs/metrics.md): the latest period that should exist by now.
+        if let Some(start) = t.due_period_start {
+            metrics::gauge!(crate::telemetry::DUE_PERIOD, "job" => t.job.clone())
+                .set(start.timestamp_millis() as f64 / 1000.0);
+        }
         info!(
             job = %t.job, enqueued = t.enqueued.len(), skipped = t.skipped.len(),
             duplicates = t.duplicates, truncated = t.truncated,
@@ -265,6 +275,7 @@ pub async fn run(
     process_id: String,
     stop: CancellationToken,
 ) {
+    crate::telemetry::serve_jobs(crate::telemetry::Role::Producer, config.jobs.keys());
     // Back within an interval; a few more before it counts as gone.
     let live_for = interval * 3 + Duration::from_secs(10);
     let mut registered = false;

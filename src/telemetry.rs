@@ -3,7 +3,11 @@
 //! the Prometheus recorder, and the HTTP endpoint (`/metrics`, `/healthz`,
 //! `/readyz`) that `worker`, `produce` and `exporter` serve. Names carry the
 //! `batchonce_` prefix and base units; labels are only `job`, `status` and
-//! `outcome`, never a job key, a date or error text.
+//! `outcome` (and `version`, `commit` on `batchonce_build_info`), never a
+//! job key, a date or error text. Each process creates its counters at zero
+//! for every job it serves and every outcome when it starts ([`serve_jobs`]),
+//! so the first event of a process's life is an increase that `increase()`
+//! sees, rather than a series that appears already at 1.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +38,27 @@ pub const CURRENT_ATTEMPTS: &str = "batchonce_current_run_attempts";
 pub const EXPIRED_LEASES: &str = "batchonce_expired_leases";
 pub const EXPORTER_LAST_SCRAPE: &str = "batchonce_exporter_last_success_timestamp_seconds";
 pub const CONFIG_FINGERPRINTS: &str = "batchonce_config_fingerprints";
+pub const NEWEST_FAILURE: &str = "batchonce_newest_failure_timestamp_seconds";
+pub const LAST_DONE_PERIOD: &str = "batchonce_last_done_period_start_timestamp_seconds";
+pub const DUE_PERIOD: &str = "batchonce_due_period_start_timestamp_seconds";
+pub const BUILD_INFO: &str = "batchonce_build_info";
+
+/// Every `outcome` label of [`ATTEMPTS`] and [`RUN_DURATION`].
+pub const OUTCOMES: &[&str] = &[
+    "succeeded",
+    "failed",
+    "retried",
+    "skipped",
+    "lease_lost",
+    "fatal",
+    "released",
+];
+
+/// The commit this binary was built from (build.rs), or `unknown`.
+pub const GIT_COMMIT: &str = match option_env!("BATCHONCE_GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
 
 /// Every metric this code exports, for the dashboard test.
 pub const ALL: &[&str] = &[
@@ -57,6 +82,10 @@ pub const ALL: &[&str] = &[
     EXPIRED_LEASES,
     EXPORTER_LAST_SCRAPE,
     CONFIG_FINGERPRINTS,
+    NEWEST_FAILURE,
+    LAST_DONE_PERIOD,
+    DUE_PERIOD,
+    BUILD_INFO,
 ];
 
 fn describe() {
@@ -134,7 +163,7 @@ fn describe() {
     describe_gauge!(
         LAST_SUCCESS,
         Unit::Seconds,
-        "Unix time of the job's last SUCCEEDED run; 0 if never (job)."
+        "Unix time the job's newest SUCCEEDED run finished; absent if none ever did (job)."
     );
     describe_gauge!(
         CURRENT_ATTEMPTS,
@@ -150,6 +179,26 @@ fn describe() {
         CONFIG_FINGERPRINTS,
         Unit::Count,
         "Different configurations of the job among live workers and producers; above 1 they disagree (job)."
+    );
+    describe_gauge!(
+        NEWEST_FAILURE,
+        Unit::Seconds,
+        "Unix time the newest of the job's runs FAILED now failed; 0 when none is FAILED (job)."
+    );
+    describe_gauge!(
+        LAST_DONE_PERIOD,
+        Unit::Seconds,
+        "Unix time the newest period of the job done (SUCCEEDED or SKIPPED) starts (job)."
+    );
+    describe_gauge!(
+        DUE_PERIOD,
+        Unit::Seconds,
+        "Unix time the latest period of the job's schedule that is due starts (job)."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        Unit::Count,
+        "Always 1; the labels name this process's release (version, commit)."
     );
     describe_gauge!(
         EXPORTER_LAST_SCRAPE,
@@ -175,9 +224,55 @@ pub fn install() -> Option<PrometheusHandle> {
                 .ok()?;
             let handle = builder.install_recorder().ok()?;
             describe();
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "commit" => GIT_COMMIT)
+                .set(1.0);
             Some(handle)
         })
         .clone()
+}
+
+/// The roles whose counters [`serve_jobs`] creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Producer,
+}
+
+/// Installs the recorder and creates, at zero, every counter a process of
+/// `role` increments for each job in `jobs` (each outcome of an attempt,
+/// lost and recovered leases, items; runs enqueued), so that the first
+/// lease loss or retry of the process's life moves a series Prometheus has
+/// already seen at 0 and alerts built on `increase()` fire on it.
+pub fn serve_jobs<'a>(role: Role, jobs: impl IntoIterator<Item = &'a crate::key::JobName>) {
+    if install().is_none() {
+        return;
+    }
+    match role {
+        Role::Worker => {
+            metrics::counter!(HEARTBEATS).increment(0);
+            metrics::counter!(HEARTBEAT_FAILURES).increment(0);
+        }
+        Role::Producer => metrics::counter!(PRODUCER_TICKS).increment(0),
+    }
+    for job in jobs {
+        let job = job.to_string();
+        match role {
+            Role::Worker => {
+                for outcome in OUTCOMES {
+                    metrics::counter!(ATTEMPTS, "job" => job.clone(), "outcome" => *outcome)
+                        .increment(0);
+                }
+                for name in [LEASES_LOST, LEASES_RECOVERED, ITEMS_PROCESSED, ITEMS_FAILED] {
+                    metrics::counter!(name, "job" => job.clone()).increment(0);
+                }
+            }
+            Role::Producer => {
+                for name in [RUNS_ENQUEUED, RUNS_DEDUPLICATED] {
+                    metrics::counter!(name, "job" => job.clone()).increment(0);
+                }
+            }
+        }
+    }
 }
 
 /// Serves `/metrics`, `/healthz` (the process is up) and `/readyz` (it has

@@ -159,6 +159,9 @@ pub async fn run(
     // Recovery follows each run's stored policy; the configuration's serves
     // only runs the previous release enqueued without one.
     let jobs: Vec<JobName> = registry.names().cloned().collect();
+    // Every counter of every job at zero before the first claim, so the
+    // first lease loss or retry of this process's life fires its alert.
+    telemetry::serve_jobs(telemetry::Role::Worker, &jobs);
     let legacy_retry: Vec<JobName> = registry
         .names()
         .filter(|n| job_config(&config, n).on_lease_expiry == LeaseExpiryPolicy::Retry)

@@ -939,9 +939,7 @@ async fn status_counts_and_stale_runs() {
     let later = db_now(&db.pool).await + chrono::Duration::minutes(30);
     // The runs carry their own stale_after (20 minutes, the default); the
     // fallback given here serves only runs without one.
-    let st = queue::status(&db.pool, &[], Clock::At(later))
-        .await
-        .unwrap();
+    let st = queue::status(&db.pool, Clock::At(later)).await.unwrap();
     assert_eq!(st.stale.len(), 1);
     assert_eq!(st.expired_leases, 1);
     assert!(st.oldest_pending_seconds.unwrap() >= 1799.0);

@@ -22,7 +22,7 @@ pub mod context;
 mod views;
 
 pub use views::{
-    gauges, stale_runs, status, JobGauges, QueueStatus, StaleRun, StaleSpec, StatusCount,
+    gauges, stale_runs, status, JobGauges, QueueStatus, StaleBrief, StaleRun, StatusCount,
 };
 
 /// The channel `enqueue` notifies so idle workers wake at once.

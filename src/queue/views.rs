@@ -1,67 +1,36 @@
 //! Read views of the queue for operators: `status`, `runs stale` and the
-//! exporter's gauges. They share one rule for what is stale, computed from
-//! what each run stores (its `stale_after`, lease length and lease-expiry
-//! policy), so every view gives the same answer whatever configuration file
-//! the reader has. The file only fills in for runs the previous release
-//! enqueued without a context, and engine defaults for jobs it does not
-//! name.
-
-use std::time::Duration;
+//! exporter's gauges. They share one rule for what is stale ([`LIVE`]),
+//! computed only from what the database holds: each run's stored
+//! `stale_after`, lease length and lease-expiry policy. No view reads the
+//! reader's configuration file, so every view gives the same answer
+//! whatever file the operator has, or none. A run the previous release
+//! enqueued without a context (until `batchonce migrate` or a claiming
+//! worker freezes one) is judged by the engine's defaults
+//! ([`JobConfig::default`]: stale after 20 minutes, a 30-second lease,
+//! policy `retry`), never by a file.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use super::{QueueError, RunStatus};
 use crate::clock::Clock;
-use crate::config::{JobConfig, LeaseExpiryPolicy};
+use crate::config::JobConfig;
 use crate::key::JobName;
 
-/// A job's policies as the reader's configuration gives them: used only for
-/// runs that store none (enqueued by the previous release).
-#[derive(Debug, Clone)]
-pub struct StaleSpec {
-    pub job: JobName,
-    pub stale_after: Duration,
-    pub lease_ttl: Duration,
-    /// Under policy `hold`, an expired lease is reported even if the run is
-    /// younger than `stale_after`.
-    pub hold: bool,
-}
-
-impl StaleSpec {
-    /// The fallback specs of every job in a configuration.
-    pub fn from_config(config: &crate::config::Config) -> Vec<Self> {
-        config
-            .jobs
-            .iter()
-            .map(|(n, c)| Self {
-                job: n.clone(),
-                stale_after: c.stale_after,
-                lease_ttl: c.lease_ttl,
-                hold: c.on_lease_expiry == LeaseExpiryPolicy::Hold,
-            })
-            .collect()
-    }
-}
-
 /// The RUNNING runs with their effective policies, as `live` (r, eff_stale,
-/// eff_ttl, eff_hold, is_stale) and the instant `t.now`. Parameters: $1 job
-/// names, $2 stale seconds, $3 lease seconds, $4 hold flags (the fallback
-/// specs), $5 the clock, $6 and $7 the engine's default stale and lease
-/// seconds. A run is stale when it started more than its `stale_after` ago,
-/// or when its lease expired under policy `hold`.
+/// eff_ttl, eff_hold) and `judged` (adds `is_stale` and the instant `now`).
+/// Parameters: $1 the clock, $2 and $3 the engine's default stale and lease
+/// seconds (for runs that store no policies). A run is stale when it
+/// started more than its `stale_after` ago, or when its lease expired under
+/// policy `hold`.
 const LIVE: &str = r#"
-    fallback AS (
-        SELECT * FROM unnest($1::text[], $2::float8[], $3::float8[], $4::bool[])
-            AS f(job_name, stale_secs, ttl_secs, hold)
-    ), t AS (SELECT COALESCE($5, now()) AS now),
+    t AS (SELECT COALESCE($1, now()) AS now),
     live AS (
         SELECT r.*,
-               COALESCE(r.stale_after, make_interval(secs => COALESCE(f.stale_secs, $6))) AS eff_stale,
-               COALESCE(r.lease_ttl, make_interval(secs => COALESCE(f.ttl_secs, $7))) AS eff_ttl,
-               COALESCE(r.on_lease_expiry = 'hold', f.hold, false) AS eff_hold
+               COALESCE(r.stale_after, make_interval(secs => $2)) AS eff_stale,
+               COALESCE(r.lease_ttl, make_interval(secs => $3)) AS eff_ttl,
+               COALESCE(r.on_lease_expiry = 'hold', false) AS eff_hold
         FROM batch_job_run r
-        LEFT JOIN fallback f ON f.job_name = r.job_name
         -- A lease expiry is set exactly while RUNNING; saying so lets the
         -- scan use batch_job_run_lease_idx.
         WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL
@@ -73,38 +42,15 @@ const LIVE: &str = r#"
     )
 "#;
 
-/// Binds the seven parameters [`LIVE`] takes.
+/// Binds the three parameters [`LIVE`] takes.
 fn bind_live<'q>(
     q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    specs: &'q Specs,
     clock: Clock,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     let d = JobConfig::default();
-    q.bind(&specs.names)
-        .bind(&specs.stale)
-        .bind(&specs.ttl)
-        .bind(&specs.hold)
-        .bind(clock.bind())
+    q.bind(clock.bind())
         .bind(d.stale_after.as_secs_f64())
         .bind(d.lease_ttl.as_secs_f64())
-}
-
-struct Specs {
-    names: Vec<String>,
-    stale: Vec<f64>,
-    ttl: Vec<f64>,
-    hold: Vec<bool>,
-}
-
-impl Specs {
-    fn new(specs: &[StaleSpec]) -> Self {
-        Self {
-            names: specs.iter().map(|s| s.job.to_string()).collect(),
-            stale: specs.iter().map(|s| s.stale_after.as_secs_f64()).collect(),
-            ttl: specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect(),
-            hold: specs.iter().map(|s| s.hold).collect(),
-        }
-    }
 }
 
 /// Counts per job and status, for `status`.
@@ -123,17 +69,23 @@ pub struct QueueStatus {
     pub oldest_pending_seconds: Option<f64>,
     /// RUNNING runs whose lease has expired.
     pub expired_leases: i64,
-    /// Stale runs, by the rule `runs stale` and the exporter use.
-    pub stale: Vec<String>,
+    /// Stale runs with their conclusions: exactly what [`stale_runs`] says.
+    pub stale: Vec<StaleBrief>,
+}
+
+/// A stale run as `status` lists it: its key and the conclusion
+/// [`stale_runs`] reached.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StaleBrief {
+    pub job_key: String,
+    pub job_name: String,
+    pub conclusion: String,
 }
 
 /// Counts per job and status, the oldest due PENDING run, expired leases
-/// and stale runs. `fallback` serves only runs that store no policies.
-pub async fn status(
-    pool: &PgPool,
-    fallback: &[StaleSpec],
-    clock: Clock,
-) -> Result<QueueStatus, QueueError> {
+/// and stale runs. The stale runs are [`stale_runs`]'s own answer, so
+/// `status` and `runs stale` cannot disagree.
+pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueError> {
     let mut stmt = crate::db::statement(pool).await?;
     let counts = crate::db::query(
         "SELECT job_name, status, count(*) AS runs FROM batch_job_run \
@@ -160,26 +112,22 @@ pub async fn status(
     .fetch_one(stmt.conn())
     .await?;
     stmt.done().await?;
-    let specs = Specs::new(fallback);
-    let sql = format!(
-        "WITH {LIVE} SELECT job_key, lease_expires_at <= now AS expired, is_stale \
-         FROM judged ORDER BY started_at, job_key"
-    );
+    let sql = format!("WITH {LIVE} SELECT count(*) AS n FROM judged WHERE lease_expires_at <= now");
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = bind_live(crate::db::query(&sql), &specs, clock)
-        .fetch_all(stmt.conn())
-        .await?;
+    let expired: i64 = bind_live(crate::db::query(&sql), clock)
+        .fetch_one(stmt.conn())
+        .await?
+        .try_get("n")?;
     stmt.done().await?;
-    let mut expired = 0;
-    let mut stale = Vec::new();
-    for r in rows {
-        if r.try_get::<bool, _>("expired")? {
-            expired += 1;
-        }
-        if r.try_get::<bool, _>("is_stale")? {
-            stale.push(r.try_get("job_key")?);
-        }
-    }
+    let stale = stale_runs(pool, clock)
+        .await?
+        .into_iter()
+        .map(|r| StaleBrief {
+            job_key: r.job_key,
+            job_name: r.job_name,
+            conclusion: r.conclusion,
+        })
+        .collect();
     Ok(QueueStatus {
         counts,
         oldest_pending_seconds: oldest,
@@ -219,13 +167,8 @@ pub struct StaleRun {
 /// is recent),
 /// `dead` (no session, no heartbeat within the lease ttl, worker not seen
 /// within it either), `unknown` (the evidence disagrees: look closer).
-/// `fallback` serves only runs that store no policies.
-pub async fn stale_runs(
-    pool: &PgPool,
-    fallback: &[StaleSpec],
-    clock: Clock,
-) -> Result<Vec<StaleRun>, QueueError> {
-    let specs = Specs::new(fallback);
+/// `status` lists exactly these runs.
+pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, QueueError> {
     let sql = format!(
         r#"
         WITH {LIVE}
@@ -246,7 +189,7 @@ pub async fn stale_runs(
         "#
     );
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = bind_live(crate::db::query(&sql), &specs, clock)
+    let rows = bind_live(crate::db::query(&sql), clock)
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;
@@ -308,23 +251,44 @@ pub struct JobGauges {
     pub runs: Vec<(String, i64)>,
     pub oldest_pending_seconds: f64,
     pub stale: i64,
-    pub last_success_unix: f64,
+    /// When the newest SUCCEEDED run finished; `None` if none ever did.
+    pub last_success_unix: Option<f64>,
+    /// When the newest of the runs FAILED now failed; 0 when none is.
+    pub newest_failure_unix: f64,
+    /// The start of the newest period done (SUCCEEDED or SKIPPED) that has
+    /// begun by now; `None` if none is (or none stores its period).
+    pub last_done_period_start_unix: Option<f64>,
     pub current_attempts: i64,
     pub expired_leases: i64,
 }
 
-/// Reads every gauge the exporter publishes, for each given job, in one
-/// statement (jobs with no runs get zeros, so alerts see a series). Stale
-/// runs follow the rule of [`stale_runs`].
+/// Reads every gauge the exporter publishes, in one statement, for every
+/// job the database knows: each job with runs, each job a live or recent
+/// process registered, and each of `also` (with zeros when it has no runs
+/// yet, so alerts see a series). Stale runs follow the rule of
+/// [`stale_runs`].
 pub async fn gauges(
     pool: &PgPool,
-    specs: &[StaleSpec],
+    also: &[JobName],
     clock: Clock,
 ) -> Result<Vec<(JobName, JobGauges)>, QueueError> {
-    let binds = Specs::new(specs);
+    let also: Vec<&str> = also.iter().map(JobName::as_str).collect();
     let sql = format!(
         r#"
-        WITH {LIVE}
+        WITH RECURSIVE {LIVE},
+        -- The distinct job names of batch_job_run, one index probe each
+        -- (a loose scan of batch_job_run_job_name_idx).
+        run_jobs AS (
+            SELECT min(job_name)::text AS job_name FROM batch_job_run
+            UNION ALL
+            SELECT (SELECT min(r.job_name)::text FROM batch_job_run r
+                    WHERE r.job_name > run_jobs.job_name)
+            FROM run_jobs WHERE run_jobs.job_name IS NOT NULL
+        ), jobs AS (
+            SELECT job_name FROM run_jobs WHERE job_name IS NOT NULL
+            UNION SELECT job_name::text FROM batch_process_config
+            UNION SELECT unnest($4::text[])
+        )
         SELECT f.job_name,
           (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
              (SELECT status, count(*) AS n FROM batch_job_run r
@@ -333,18 +297,26 @@ pub async fn gauges(
              FROM batch_job_run r WHERE r.job_name = f.job_name
               AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name AND j.is_stale) AS stale,
-          (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
+          (SELECT extract(epoch FROM max(finished_at))::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
               AND status = 'SUCCEEDED') AS last_success,
+          (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
+             FROM batch_job_run r WHERE r.job_name = f.job_name
+              AND status = 'FAILED') AS newest_failure,
+          (SELECT extract(epoch FROM max(period_start))::float8
+             FROM batch_job_run r WHERE r.job_name = f.job_name
+              AND status IN ('SUCCEEDED', 'SKIPPED') AND period_start <= t.now) AS last_done,
           (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
              WHERE r.job_name = f.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name
               AND j.lease_expires_at <= j.now) AS expired
-        FROM fallback f CROSS JOIN t
+        FROM jobs f CROSS JOIN t
+        ORDER BY f.job_name
         "#
     );
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = bind_live(crate::db::query(&sql), &binds, clock)
+    let rows = bind_live(crate::db::query(&sql), clock)
+        .bind(&also)
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;
@@ -366,6 +338,8 @@ pub async fn gauges(
                     oldest_pending_seconds: r.try_get("oldest")?,
                     stale: r.try_get("stale")?,
                     last_success_unix: r.try_get("last_success")?,
+                    newest_failure_unix: r.try_get("newest_failure")?,
+                    last_done_period_start_unix: r.try_get("last_done")?,
                     current_attempts: r.try_get("attempts")?,
                     expired_leases: r.try_get("expired")?,
                 },
