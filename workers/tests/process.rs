@@ -486,6 +486,7 @@ async fn bad_input_gets_one_error_line_and_changes_nothing() {
         let out = Command::new(BIN)
             .args(&args)
             .env_remove("DATABASE_URL")
+            .env("BATCHONCE_CONFIG", common::samples_config())
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
