@@ -86,14 +86,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A minimal HTTP/1.0 GET of /metrics on loopback.
+/// /metrics of a process on loopback.
 fn metrics(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+    http_get(port, "/metrics")
 }
 
 /// The value of the sample of `name` whose labels include all of `labels`.
@@ -485,4 +480,224 @@ async fn the_producers_due_period_and_the_exporters_newest_done_period_meet() {
     .await
     .unwrap();
     assert!(newest >= due, "{newest} < {due}");
+}
+
+/// Prometheus from Debian's package (`.ci/run` installs it): absent, a
+/// local run skips with a message, and CI fails.
+fn prometheus() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("prometheus"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus is missing in CI: .ci/run must install Debian's prometheus package"
+        );
+        eprintln!("skipped: prometheus not installed (apt-get install -y prometheus)");
+    }
+    found
+}
+
+/// Issue 18's adoption path, end to end: an empty folder and an empty
+/// database, one command job declared, then `migrate`, `produce`, a worker
+/// that works two periods and fails the third. No sample table or run
+/// exists; `status`, `runs stale`, `runs list` and the exporter (run with no
+/// file) agree; and a real Prometheus fires the failure's alert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
+    let Some(prometheus) = prometheus() else {
+        return;
+    };
+    let db = TestDb::empty().await;
+    let dir = scratch("adoption");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let cfg = dir.join("team.toml");
+    std::fs::write(
+        &cfg,
+        "[jobs.nightly-export]\n\
+         command = [\"sh\", \"-c\", \"[ \\\"$BATCHONCE_BUSINESS_DATE\\\" = 2026-09-14 ] && { echo bad input >&2; exit 2; }; echo exported\"]\n\
+         timezone = \"UTC\"\nschedule = \"0 2 * * *\"\ncovers = \"previous-day\"\ncatch_up = \"3d\"\n",
+    )
+    .unwrap();
+
+    view(&db, &empty, Some(&cfg), &["migrate"]);
+    view(
+        &db,
+        &empty,
+        Some(&cfg),
+        &["produce", "--once", "--now", "2026-09-15T03:00:00Z"],
+    );
+    let (wport, eport, pport) = (free_port(), free_port(), free_port());
+    let worker = batchonce(&db, &empty, Some(&cfg))
+        .args(["worker", "--poll-interval", "200ms", "--metrics-addr"])
+        .arg(format!("127.0.0.1:{wport}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // The exporter has no file: it reports every job the database knows.
+    let exporter = batchonce(&db, &empty, None)
+        .args(["exporter", "--interval", "1s", "--metrics-addr"])
+        .arg(format!("127.0.0.1:{eport}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("exporter.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let rules =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dashboards/prometheus/alerts.yml");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: batchonce\n    honor_labels: true\n    static_configs:\n\
+             \x20     - targets: ['127.0.0.1:{wport}', '127.0.0.1:{eport}']\n",
+            rules.display()
+        ),
+    )
+    .unwrap();
+    let prom = Command::new(prometheus)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .unwrap();
+
+    wait_until(
+        "two periods SUCCEEDED and one FAILED",
+        Duration::from_secs(60),
+        || async {
+            scalar_bool(
+                &db,
+                "SELECT count(*) FILTER (WHERE status = 'SUCCEEDED') = 2 \
+               AND count(*) FILTER (WHERE status = 'FAILED') = 1 FROM batch_job_run",
+            )
+            .await
+        },
+    )
+    .await;
+
+    // Nothing of the samples: no table, no run.
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' \
+         AND tablename NOT LIKE 'batch\\_%' AND tablename <> '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(tables.is_empty(), "tables beyond the engine's: {tables:?}");
+    let jobs: Vec<String> = sqlx::query_scalar("SELECT DISTINCT job_name::text FROM batch_job_run")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, ["nightly-export"]);
+
+    // The views, from the empty folder, agree on the counts and on no stale run.
+    let st = json(&db, &empty, None, &["status"]);
+    let count = |status: &str| {
+        st["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["job_name"] == "nightly-export" && c["status"] == status)
+            .map(|c| c["runs"].as_i64().unwrap())
+    };
+    assert_eq!(
+        (count("SUCCEEDED"), count("FAILED")),
+        (Some(2), Some(1)),
+        "{st}"
+    );
+    assert_eq!(st["stale"], serde_json::json!([]), "{st}");
+    assert_eq!(
+        json(&db, &empty, None, &["runs", "stale"]),
+        serde_json::json!([])
+    );
+    let list = json(&db, &empty, None, &["runs", "list"]);
+    let failed: Vec<&Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "FAILED")
+        .collect();
+    assert_eq!(failed.len(), 1, "{list}");
+    assert_eq!(failed[0]["job_key"], "nightly-export:2026-09-14", "{list}");
+    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+    let mut text = String::new();
+    wait_until(
+        "the exporter to count the FAILED run",
+        Duration::from_secs(30),
+        || {
+            let got = metrics(eport).unwrap_or_default();
+            let done = sample(
+                &got,
+                "batchonce_runs",
+                &[("job", "nightly-export"), ("status", "FAILED")],
+            ) == Some(1.0);
+            if done {
+                text = got;
+            }
+            async move { done }
+        },
+    )
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            "batchonce_runs",
+            &[("job", "nightly-export"), ("status", "SUCCEEDED")]
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "batchonce_stale_runs", &[("job", "nightly-export")]),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(!text.contains("daily-settlement"), "{text}");
+
+    // A real Prometheus, with the shipped rules, fires the failure's alert.
+    wait_until(
+        "BatchonceRunFailed firing for nightly-export",
+        Duration::from_secs(60),
+        || {
+            let alerts = http_get(pport, "/api/v1/alerts");
+            let firing = alerts.as_ref().is_some_and(|b| {
+                let v: Value = serde_json::from_str(b).unwrap_or(Value::Null);
+                v["data"]["alerts"].as_array().is_some_and(|a| {
+                    a.iter().any(|x| {
+                        x["labels"]["alertname"] == "BatchonceRunFailed"
+                            && x["labels"]["job"] == "nightly-export"
+                            && x["state"] == "firing"
+                    })
+                })
+            });
+            async move { firing }
+        },
+    )
+    .await;
+    stop(worker);
+    stop(exporter);
+    stop(prom);
+}
+
+/// A minimal HTTP/1.0 GET on loopback, the body.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
