@@ -1,0 +1,389 @@
+//! The command line (DESIGN.md §6). Parsing and output live here; every
+//! command delegates to the queue, worker or demo modules. Errors are one line
+//! on stderr and a non-zero exit.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::{parse_duration, Config};
+use crate::job::Registry;
+use crate::text::escape_for_terminal as esc;
+
+mod commands;
+mod print;
+mod runs;
+
+use commands::dispatch;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "batchonce",
+    version,
+    about = "Scheduled business batch jobs, exactly once per business key, on PostgreSQL."
+)]
+struct Cli {
+    /// PostgreSQL URL (or DATABASE_URL). Only `demo` works without one.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Configuration file (or BATCHONCE_CONFIG); default ./batchonce.toml if present.
+    #[arg(long, env = "BATCHONCE_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log format on stderr; JSON by default when stderr is not a terminal.
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+    /// The database URL goes through PgBouncer in transaction pooling mode
+    /// (or BATCHONCE_PGBOUNCER=true): no prepared statements are kept, every
+    /// statement runs in its own transaction and no session setting is sent.
+    #[arg(long, env = "BATCHONCE_PGBOUNCER", global = true)]
+    pgbouncer: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The whole system on one machine, on the embedded default database.
+    Demo,
+    /// Applies the migrations of the engine and of every job kind.
+    Migrate,
+    /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
+    /// `duplicate KEY` or `skipped KEY (reason)` per run.
+    Enqueue {
+        /// Job name, e.g. daily-settlement.
+        job: String,
+        /// Business date, YYYY-MM-DD.
+        #[arg(long, required_unless_present = "from", conflicts_with_all = ["from", "to"])]
+        date: Option<String>,
+        /// Backfill: first business date of an inclusive range (at most 366 days).
+        #[arg(long, requires = "to")]
+        from: Option<String>,
+        /// Backfill: last business date of the range.
+        #[arg(long, requires = "from")]
+        to: Option<String>,
+    },
+    /// The producer: enqueues every scheduled period, on a timer, until SIGTERM.
+    Produce {
+        /// One tick, then exit.
+        #[arg(long)]
+        once: bool,
+        /// Time between ticks.
+        #[arg(long, default_value = "15s", value_parser = duration_arg)]
+        interval: Duration,
+        /// Simulate this moment (RFC 3339) instead of the database clock.
+        #[arg(long, value_parser = instant_arg)]
+        now: Option<chrono::DateTime<chrono::Utc>>,
+        /// Serve /metrics, /healthz and /readyz here (not with --once).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
+    },
+    /// Pre-deploy check: processes race for one scratch key; exactly one must win.
+    Preflight {
+        /// Racing processes.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+        processes: u32,
+    },
+    /// One racer of `preflight` (internal).
+    #[command(hide = true)]
+    PreflightRacer {
+        #[arg(long)]
+        key: String,
+        /// Unix time in milliseconds at which to start.
+        #[arg(long)]
+        start_at_ms: i64,
+    },
+    /// A worker process: leases and executes runs until SIGTERM/SIGINT.
+    Worker {
+        /// Runs executed at once.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        /// Worker id (default: <host>-<pid>); also the database application_name.
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// After SIGTERM, how long handlers may take to reach a chunk boundary.
+        #[arg(long, default_value = "20s", value_parser = duration_arg)]
+        grace: Duration,
+        /// How often to look for due runs without a notification.
+        #[arg(long, default_value = "2s", value_parser = duration_arg)]
+        poll_interval: Duration,
+        /// Do not LISTEN for enqueue notifications (poll only).
+        #[arg(long, conflicts_with = "listen_url")]
+        no_listen: bool,
+        /// LISTEN on a connection of its own to this URL (or
+        /// BATCHONCE_LISTEN_URL) instead of one from the pool: a direct URL
+        /// to PostgreSQL when DATABASE_URL goes through PgBouncer, which
+        /// cannot hold a LISTEN session.
+        #[arg(long, env = "BATCHONCE_LISTEN_URL", hide_env_values = true)]
+        listen_url: Option<String>,
+        /// Serve /metrics, /healthz and /readyz here.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
+        /// Connections for claims and handlers (default: concurrency + 3).
+        /// Heartbeats use one more connection of their own, so a pool
+        /// smaller than the concurrency slows handlers but never the leases.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max_connections: Option<u32>,
+    },
+    /// Publishes the database-derived gauges (one per deployment).
+    Exporter {
+        /// How often to read the database.
+        #[arg(long, default_value = "15s", value_parser = duration_arg)]
+        interval: Duration,
+        /// Serve /metrics, /healthz and /readyz here.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: std::net::SocketAddr,
+    },
+    /// Inspects runs.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Counts per job and status, oldest pending run, stale runs.
+    Status,
+    /// Prints (or applies) SQL for least-privilege roles: migrator,
+    /// producer, worker, operator, read-only.
+    Roles {
+        /// Role names are PREFIX_migrator, PREFIX_producer, ...
+        #[arg(long, default_value = "batchonce")]
+        prefix: String,
+        /// The schema the tables are in (when printing).
+        #[arg(long, default_value = "public")]
+        schema: String,
+        /// Applies the SQL on DATABASE_URL (as a role with CREATEROLE that
+        /// owns the tables) instead of printing it.
+        #[arg(long)]
+        apply: bool,
+        /// During a rolling upgrade: also keep the direct writes the
+        /// previous release's processes need; apply again without it once
+        /// they are all gone (docs/upgrading.md).
+        #[arg(long)]
+        keep_direct_writes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// Lists runs, newest business date first.
+    List {
+        /// PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        limit: u32,
+    },
+    /// One run with its attempt and operator history.
+    Show { key: String },
+    /// RUNNING runs past their stale_after (or lease-expired under policy
+    /// hold), with evidence and a conclusion: blocked, alive-slow, dead or
+    /// unknown.
+    Stale,
+    /// Marks a stale or lease-expired run FAILED, fencing its holder.
+    Fail(ActionArgs),
+    /// Puts a FAILED run back to PENDING under the same key, budget renewed
+    /// (a SUCCEEDED or SKIPPED run only with --force: a correction).
+    Rerun(ActionArgs),
+    /// Marks a PENDING or FAILED run SKIPPED.
+    Skip(ActionArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ActionArgs {
+    /// The run's job key.
+    key: String,
+    /// Why (recorded in the audit trail).
+    #[arg(long)]
+    reason: String,
+    /// Who (recorded in the audit trail with the database session user).
+    #[arg(long)]
+    operator: String,
+    /// Override the state checks (see each command).
+    #[arg(long)]
+    force: bool,
+    /// Show what would change and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// How long to wait for the run's row, which another session (a
+    /// worker's open chunk) may hold, before giving up and naming it.
+    #[arg(long, default_value = "5s", value_parser = duration_arg)]
+    lock_timeout: Duration,
+    /// If the row stays locked: record it in the audit trail, terminate the
+    /// sessions that hold it (pg_terminate_backend) and try once more.
+    #[arg(long, conflicts_with = "dry_run")]
+    terminate_blocker: bool,
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    let t = chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| {
+            format!("invalid instant {s:?}: expected RFC 3339, e.g. 2026-09-15T01:00:00+09:00")
+        })?;
+    // The same range as every business date, so the producer plans only
+    // dates that `enqueue` accepts.
+    crate::key::check_instant(t).map_err(|e| e.to_string())
+}
+
+/// Runs the command line with the given job kinds; the `batchonce` binary's
+/// whole `main`.
+pub fn main(registry: Registry) -> ExitCode {
+    crate::supervisor::run_if_invoked();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+            // clap's own message, without the usage block: one line.
+            let text = e.render().to_string();
+            let first_paragraph: Vec<&str> = text
+                .trim_start()
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let joined = first_paragraph.join(" ");
+            let line = crate::queue::truncate(joined.trim_start_matches("error: "));
+            eprintln!("batchonce: error: {line} (see batchonce --help)");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&cli);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("batchonce: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(dispatch(cli, registry));
+    // Background tasks (the metrics server, pools) must not log after the
+    // final error line: an operator reads the last line first.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // Library errors already carry their cause's text; add a cause
+            // only when it says something new.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg.push_str(": ");
+                    msg.push_str(&c);
+                }
+            }
+            // One line, and bounded: an error may quote a huge input, and
+            // stored text (a database's message) is shown, never obeyed.
+            let msg = crate::queue::truncate(&msg.replace(['\n', '\r'], " "));
+            eprintln!("batchonce: error: {}", esc(&msg));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let default = match cli.command {
+        Command::Worker { .. }
+        | Command::Exporter { .. }
+        | Command::Produce { once: false, .. } => "info",
+        // Short commands report their own errors; sqlx's warning that a
+        // statement was slow (an operator action waiting for a row) would
+        // only come first.
+        _ => "warn,sqlx::query=error",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let json = match cli.log_format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Text) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init();
+    } else {
+        builder.init();
+    }
+}
+
+fn load_config(cli: &Cli, registry: &Registry) -> anyhow::Result<Config> {
+    let kinds = registry.default_configs();
+    match &cli.config {
+        Some(path) => Ok(Config::load(path, &kinds)?),
+        None if Path::new("batchonce.toml").is_file() => {
+            Ok(Config::load(Path::new("batchonce.toml"), &kinds)?)
+        }
+        None => Ok(Config::defaults(&kinds)),
+    }
+}
+
+fn require_url(cli: &Cli) -> anyhow::Result<&str> {
+    match cli.database_url.as_deref() {
+        Some(u) if !u.trim().is_empty() => Ok(u),
+        _ => bail!(
+            "no database: set DATABASE_URL or pass --database-url (only `demo` starts its own)"
+        ),
+    }
+}
+
+/// The rule is `text::operator`'s, shared with any other entry point.
+fn validate_operator(s: &str) -> anyhow::Result<String> {
+    crate::text::operator(s).map_err(|e| anyhow!("invalid --operator: {e}"))
+}
+
+/// The rule is `text::reason`'s, shared with any other entry point.
+fn validate_reason(s: &str) -> anyhow::Result<String> {
+    crate::text::reason(s).map_err(|e| anyhow!("invalid --reason: {e}"))
+}
+
+fn validate_worker_id(id: &str) -> anyhow::Result<String> {
+    if id.is_empty()
+        || id.len() > 63
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        bail!("invalid worker id {id:?}: use 1-63 letters, digits, '-', '_' or '.'");
+    }
+    Ok(id.to_owned())
+}
