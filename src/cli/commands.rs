@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 
-use super::print::print_drift;
+use super::print::{print_drift, Align, Table};
 use super::runs::runs_command;
 use super::{load_config, require_url, validate_worker_id, Cli, Command};
 use crate::clock::Clock;
@@ -284,7 +284,10 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::Runs { command } => {
             let pool = db::connect(require_url(&cli)?, "batchonce-runs", 2).await?;
-            runs_command(&pool, &registry, &config, command, cli.json).await
+            match runs_command(&pool, &registry, &config, command, cli.json).await {
+                Ok(code) => Ok(code),
+                Err(e) => Err(unless_unmigrated(&pool, &registry, e).await),
+            }
         }
         Command::Roles {
             prefix,
@@ -314,23 +317,31 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
-            let st =
-                queue::status(&pool, &queue::StaleSpec::from_config(&config), Clock::Db).await?;
+            let st = match queue::status(&pool, &queue::StaleSpec::from_config(&config), Clock::Db)
+                .await
+            {
+                Ok(st) => st,
+                Err(e) => return Err(unless_unmigrated(&pool, &registry, e.into()).await),
+            };
             let drift = crate::worker_registry::config_drift(&pool).await?;
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
                 v["config_drift"] = serde_json::to_value(&drift)?;
                 println!("{}", json_for_terminal(&v)?);
             } else {
-                println!("{:<28} {:<10} {:>8}", "JOB", "STATUS", "RUNS");
+                let mut t = Table::new(&[
+                    ("JOB", Align::Left),
+                    ("STATUS", Align::Left),
+                    ("RUNS", Align::Right),
+                ]);
                 for c in &st.counts {
-                    println!(
-                        "{:<28} {:<10} {:>8}",
-                        esc(&c.job_name),
-                        esc(&c.status),
-                        c.runs
-                    );
+                    t.row(vec![
+                        esc(&c.job_name).into_owned(),
+                        esc(&c.status).into_owned(),
+                        c.runs.to_string(),
+                    ]);
                 }
+                t.print();
                 match st.oldest_pending_seconds {
                     Some(s) => println!("oldest due pending run: {s:.0}s"),
                     None => println!("oldest due pending run: none"),
@@ -380,6 +391,35 @@ async fn freeze_legacy_contexts(
     Ok((frozen, left))
 }
 
+/// The error of a command that needs the schema, on a database where
+/// migrations are pending (`pending` is not empty).
+fn not_migrated(pending: &[i64]) -> String {
+    format!(
+        "the database is not migrated ({} migrations pending, first {}): run `batchonce migrate`",
+        pending.len(),
+        pending.first().copied().unwrap_or_default()
+    )
+}
+
+/// `err`, or, when the database has pending migrations (which is why a
+/// table or column would be missing), the message that says to run
+/// `migrate`. Asked only after a failure, so that commands keep working
+/// on a database a newer release has migrated further.
+async fn unless_unmigrated(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    err: anyhow::Error,
+) -> anyhow::Error {
+    // Bad input is reported as it is, whatever the schema.
+    if !err.chain().any(|c| c.is::<sqlx::Error>()) {
+        return err;
+    }
+    match db::pending_migrations(pool, &registry.migrations()).await {
+        Ok(pending) if !pending.is_empty() => anyhow!(not_migrated(&pending)),
+        _ => err,
+    }
+}
+
 /// Waits for the database to be reachable (a worker may start before it),
 /// then refuses to run against a schema that is not migrated: claims would
 /// fail forever. Returns false if a signal arrived while waiting.
@@ -392,11 +432,7 @@ async fn wait_for_schema(
     loop {
         match db::pending_migrations(pool, &registry.migrations()).await {
             Ok(pending) if pending.is_empty() => return Ok(true),
-            Ok(pending) => bail!(
-                "the database is not migrated ({} migrations pending, first {}): run `batchonce migrate`",
-                pending.len(),
-                pending[0]
-            ),
+            Ok(pending) => bail!(not_migrated(&pending)),
             Err(db::DbError::Sql(e)) if queue::is_transient(&e) => {
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
                     "database not reachable yet; retrying");

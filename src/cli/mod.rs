@@ -8,15 +8,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{parse_duration, Config};
 use crate::job::Registry;
 use crate::text::escape_for_terminal as esc;
 
 mod commands;
+mod keys;
 mod print;
 mod runs;
+mod watch;
 
 use commands::dispatch;
 
@@ -99,6 +101,7 @@ enum Command {
     /// One racer of `preflight` (internal).
     #[command(hide = true)]
     PreflightRacer {
+        /// The scratch key to race for.
         #[arg(long)]
         key: String,
         /// Unix time in milliseconds at which to start.
@@ -174,6 +177,12 @@ enum Command {
     },
 }
 
+/// The exit status of a command that worked and found what the caller
+/// asked it to look for: `runs stale --fail-if-dead` that found a dead
+/// run, `runs watch` whose run ended FAILED. 1 stays "error" (nothing
+/// could be checked) and 2 "usage error", so a script can tell them apart.
+pub const EXIT_FOUND: u8 = 3;
+
 #[derive(Debug, Subcommand)]
 enum RunsCommand {
     /// Lists runs, newest business date first.
@@ -184,27 +193,81 @@ enum RunsCommand {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+        /// At most this many runs (1-10000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
         limit: u32,
     },
     /// One run with its attempt and operator history.
-    Show { key: String },
+    Show {
+        /// The run's job key, e.g. daily-settlement:2026-09-15.
+        key: String,
+    },
     /// RUNNING runs past their stale_after (or lease-expired under policy
     /// hold), with evidence and a conclusion: blocked, alive-slow, dead or
     /// unknown.
-    Stale,
+    #[command(after_help = "\
+Exit status: 0, or 3 with --fail-if-dead when a run is concluded dead; 1 on an error.
+
+Example (cron, or a monitoring check):
+  batchonce runs stale --fail-if-dead || page-the-operator")]
+    Stale {
+        /// Exit with status 3 (not 1, which means an error) when a run is
+        /// concluded dead, after printing the list as usual.
+        #[arg(long)]
+        fail_if_dead: bool,
+    },
+    /// Follows one run until it ends: items, rate, attempt and lease left,
+    /// on one live line on a terminal, one plain line per interval
+    /// otherwise.
+    #[command(after_help = "\
+Exit status: 0 when the run ends SUCCEEDED or SKIPPED, 3 when it ends FAILED, 1 on an error.
+A run that is already finished prints one line and exits the same way.
+
+Example:
+  batchonce runs watch daily-settlement:2026-09-15 --interval 5s")]
+    Watch {
+        /// The run's job key, e.g. daily-settlement:2026-09-15.
+        key: String,
+        /// Time between two looks at the run.
+        #[arg(long, default_value = "2s", value_parser = duration_arg)]
+        interval: Duration,
+    },
     /// Marks a stale or lease-expired run FAILED, fencing its holder.
+    #[command(after_help = "\
+Allowed from: RUNNING, if its lease has expired or it started more than stale_after ago.
+With --force: any RUNNING run, or a PENDING one.
+Becomes: FAILED. The holder gets a new lease token, so it can no longer commit,
+and its attempt is closed as operator_failed. Check `batchonce runs stale` first.
+
+Example:
+  batchonce runs fail daily-settlement:2026-09-15 --operator alice \\
+    --reason \"host settle-a lost power; worker gone\" --dry-run")]
     Fail(ActionArgs),
     /// Puts a FAILED run back to PENDING under the same key, budget renewed
     /// (a SUCCEEDED or SKIPPED run only with --force: a correction).
+    #[command(after_help = "\
+Allowed from: FAILED.
+With --force: also SUCCEEDED or SKIPPED (a correction: the handler runs again under the same key).
+Becomes: PENDING, due at once, with the attempt budget renewed.
+
+Example:
+  batchonce runs rerun daily-settlement:2026-09-15 --operator alice \\
+    --reason \"re-run after the host loss\"")]
     Rerun(ActionArgs),
     /// Marks a PENDING or FAILED run SKIPPED.
+    #[command(after_help = "\
+Allowed from: PENDING or FAILED (--force changes nothing).
+Becomes: SKIPPED: no worker runs it.
+
+Example:
+  batchonce runs skip daily-settlement:2026-09-15 --operator alice \\
+    --reason \"enqueued by mistake; no settlement on this date\"")]
     Skip(ActionArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct ActionArgs {
-    /// The run's job key.
+    /// The run's job key, e.g. daily-settlement:2026-09-15.
     key: String,
     /// Why (recorded in the audit trail).
     #[arg(long)]
@@ -212,7 +275,7 @@ struct ActionArgs {
     /// Who (recorded in the audit trail with the database session user).
     #[arg(long)]
     operator: String,
-    /// Override the state checks (see each command).
+    /// Allow the further states listed under "With --force" below.
     #[arg(long)]
     force: bool,
     /// Show what would change and change nothing.
@@ -274,7 +337,8 @@ pub fn main(registry: Registry) -> ExitCode {
                 .collect();
             let joined = first_paragraph.join(" ");
             let line = crate::queue::truncate(joined.trim_start_matches("error: "));
-            eprintln!("batchonce: error: {line} (see batchonce --help)");
+            let help = help_command(std::env::args_os().skip(1));
+            eprintln!("batchonce: error: {line} (see {help})");
             return ExitCode::from(2);
         }
     };
@@ -315,6 +379,60 @@ pub fn main(registry: Registry) -> ExitCode {
     }
 }
 
+/// The command tree of the command line, for tests and generated docs.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// `batchonce SUB SUB --help` for the deepest subcommand that `args` name,
+/// so that a usage error points at the help that lists the options it is
+/// about. Options are stepped over with their values, so that
+/// `--config runs` does not count as the `runs` subcommand.
+fn help_command(args: impl IntoIterator<Item = std::ffi::OsString>) -> String {
+    let mut cmd = Cli::command();
+    // Building propagates the global options to every subcommand.
+    cmd.build();
+    let mut path = vec![cmd.get_name().to_owned()];
+    let mut current = &cmd;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(arg) = arg.to_str() else { continue };
+        if arg == "--" {
+            break;
+        }
+        let option = if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            Some((
+                current.get_arguments().find(|a| a.get_long() == Some(name)),
+                inline,
+            ))
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            // `-x` or `-xVALUE`: only the first letter names the option.
+            let c = short.chars().next();
+            let inline = short.chars().count() > 1;
+            Some((current.get_arguments().find(|a| a.get_short() == c), inline))
+        } else {
+            None
+        };
+        match option {
+            Some((Some(a), false)) if a.get_action().takes_values() => {
+                args.next();
+            }
+            Some(_) => {}
+            None => {
+                if let Some(sub) = current.find_subcommand(arg) {
+                    path.push(sub.get_name().to_owned());
+                    current = sub;
+                }
+            }
+        }
+    }
+    format!("{} --help", path.join(" "))
+}
+
 fn init_logging(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
     let default = match cli.command {
@@ -332,8 +450,14 @@ fn init_logging(cli: &Cli) {
         Some(LogFormat::Text) => false,
         None => !std::io::stderr().is_terminal(),
     };
+    // Colour only for a person at a terminal: escape codes in a file or a
+    // log collector are noise, and NO_COLOR (no-color.org) turns them off.
+    let colour = !json
+        && std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if json {
         builder

@@ -2,15 +2,16 @@
 
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail};
+use anyhow::anyhow;
 use serde_json::json;
 
-use super::print::{distinct_fingerprints, print_drift};
+use super::keys;
+use super::print::{distinct_fingerprints, print_drift, seconds, time, time_or_dash, Align, Table};
 use super::{validate_operator, validate_reason, RunsCommand};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::job::Registry;
-use crate::key::{JobKey, JobName};
+use crate::key::JobName;
 use crate::queue::{self, RunStatus};
 use crate::text::{escape_for_terminal as esc, json_for_terminal};
 
@@ -22,7 +23,7 @@ pub(super) async fn runs_command(
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
     match command {
-        RunsCommand::Stale => {
+        RunsCommand::Stale { fail_if_dead } => {
             let stale =
                 queue::stale_runs(pool, &queue::StaleSpec::from_config(config), Clock::Db).await?;
             let drift = crate::worker_registry::config_drift(pool).await?;
@@ -37,7 +38,7 @@ pub(super) async fn runs_command(
                         esc(&d.keys.join(", "))
                     );
                 }
-                return Ok(ExitCode::SUCCESS);
+                return Ok(stale_exit(&stale, *fail_if_dead));
             }
             print_drift(&drift);
             if stale.is_empty() {
@@ -95,7 +96,11 @@ pub(super) async fn runs_command(
                     }
                 }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(stale_exit(&stale, *fail_if_dead))
+        }
+        RunsCommand::Watch { key, interval } => {
+            let key = keys::parse(key)?;
+            super::watch::watch(pool, &key, *interval, json_out).await
         }
         RunsCommand::Fail(a) | RunsCommand::Rerun(a) | RunsCommand::Skip(a) => {
             let action = match command {
@@ -103,9 +108,14 @@ pub(super) async fn runs_command(
                 RunsCommand::Rerun(_) => queue::Action::Rerun,
                 _ => queue::Action::Skip,
             };
-            let key = JobKey::parse(&a.key)?;
+            let key = keys::parse(&a.key)?;
             let operator = validate_operator(&a.operator)?;
             let reason = validate_reason(&a.reason)?;
+            // A key that may be a date written another way: if it names no
+            // run, say how dates are written rather than only "no run".
+            if keys::hint(key.as_str()).is_some() && queue::show_run(pool, &key).await?.is_none() {
+                return Err(keys::no_run(&key));
+            }
             let cfg = JobName::parse(key.job_name())
                 .ok()
                 .and_then(|n| config.job(&n).cloned())
@@ -167,33 +177,14 @@ pub(super) async fn runs_command(
             if json_out {
                 println!("{}", json_for_terminal(&runs)?);
             } else {
-                println!(
-                    "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} FINISHED",
-                    "KEY", "STATUS", "ATTEMPTS", "PROCESSED", "FAILED", "STARTED"
-                );
-                for r in runs {
-                    println!(
-                        "{:<40} {:<10} {:>8} {:>10} {:>7}  {:<25} {}",
-                        esc(&r.job_key),
-                        esc(&r.status),
-                        format!("{}/{}", r.attempts, r.max_attempts),
-                        r.processed_count,
-                        r.failed_count,
-                        r.started_at
-                            .map(|t| t.to_rfc3339())
-                            .unwrap_or_else(|| "-".into()),
-                        r.finished_at
-                            .map(|t| t.to_rfc3339())
-                            .unwrap_or_else(|| "-".into()),
-                    );
-                }
+                print_list(&runs);
             }
             Ok(ExitCode::SUCCESS)
         }
         RunsCommand::Show { key } => {
-            let key = JobKey::parse(key)?;
+            let key = keys::parse(key)?;
             let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
-                bail!("no run with key {key}");
+                return Err(keys::no_run(&key));
             };
             let actions = queue::actions(pool, &key).await?;
             if json_out {
@@ -204,94 +195,214 @@ pub(super) async fn runs_command(
                     )?
                 );
             } else {
-                println!("key:          {}", esc(&run.job_key));
-                println!("job:          {}", esc(&run.job_name));
-                println!("business date {}", run.business_date);
-                println!("status:       {}", esc(&run.status));
-                println!("attempts:     {}/{}", run.attempts, run.max_attempts);
-                println!(
-                    "processed:    {} (failed {})",
-                    run.processed_count, run.failed_count
-                );
-                match &run.context {
-                    Some(c) => {
-                        println!(
-                            "period:       {} .. {} ({}, {})",
-                            c.period_start.to_rfc3339(),
-                            c.period_end.to_rfc3339(),
-                            c.timezone.name(),
-                            c.covers.as_str()
-                        );
-                        println!(
-                            "policies:     lease {}, stale after {}, on lease expiry {}, chunk {}, backoff {}..{}, {} attempts, item failures {}",
-                            humantime::format_duration(c.lease_ttl),
-                            humantime::format_duration(c.stale_after),
-                            c.on_lease_expiry.as_str(),
-                            c.chunk_size,
-                            humantime::format_duration(c.backoff),
-                            humantime::format_duration(c.backoff_max),
-                            c.attempt_budget,
-                            c.max_item_failures
-                                .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
-                        );
-                    }
-                    None => println!(
-                        "period:       not recorded (enqueued by a release before run contexts; the worker that claims it records it)"
-                    ),
-                }
-                println!("enqueued at:  {}", run.enqueued_at.to_rfc3339());
-                println!("next run at:  {}", run.next_run_at.to_rfc3339());
-                match (&run.lease_owner, run.status.as_str()) {
-                    (Some(o), "RUNNING") => println!(
-                        "lease:        {} token {} expires {}",
-                        esc(o),
-                        run.lease_token.unwrap_or_default(),
-                        run.lease_expires_at
-                            .map(|t| t.to_rfc3339())
-                            .unwrap_or_else(|| "-".into())
-                    ),
-                    (Some(o), _) => println!("last worker:  {}", esc(o)),
-                    (None, _) => {}
-                }
-
-                if let Some(e) = &run.error_message {
-                    println!("message:      {}", esc(e));
-                }
-                println!("attempts:");
-                for a in attempts {
-                    println!(
-                        "  #{:<3} {:<24} token {:<6} {:<14} processed {:<6} failed {:<4} {} .. {}{}",
-                        a.attempt,
-                        esc(&a.worker_id),
-                        a.lease_token,
-                        esc(a.outcome.as_deref().unwrap_or("running")),
-                        a.processed_count,
-                        a.failed_count,
-                        a.started_at.to_rfc3339(),
-                        a.finished_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into()),
-                        a.error_message.map(|e| format!("  ({})", esc(&e))).unwrap_or_default(),
-                    );
-                }
-                if !actions.is_empty() {
-                    println!("operator actions:");
-                    for a in actions {
-                        println!(
-                            "  {} {} by {} (session {}): {} -> {}: {}",
-                            a.at.to_rfc3339(),
-                            esc(&a.action),
-                            esc(&a.operator),
-                            esc(&a.session_user),
-                            esc(&a.before_status),
-                            esc(&a.after_status),
-                            esc(&a.reason)
-                        );
-                        if let Some(d) = &a.detail {
-                            println!("    {}", esc(d));
-                        }
-                    }
-                }
+                print_show(&run, &attempts, &actions);
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `runs stale`'s exit status: [`super::EXIT_FOUND`] if asked to look for
+/// a dead run and one is there.
+fn stale_exit(stale: &[queue::StaleRun], fail_if_dead: bool) -> ExitCode {
+    if fail_if_dead && stale.iter().any(|r| r.conclusion == "dead") {
+        ExitCode::from(super::EXIT_FOUND)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `runs list` as a table: the worker is the lease holder of a RUNNING run
+/// and the last one otherwise.
+fn print_list(runs: &[queue::RunView]) {
+    let mut t = Table::new(&[
+        ("KEY", Align::Left),
+        ("STATUS", Align::Left),
+        ("ATTEMPTS", Align::Right),
+        ("PROCESSED", Align::Right),
+        ("FAILED", Align::Right),
+        ("WORKER", Align::Left),
+        ("STARTED", Align::Left),
+        ("FINISHED", Align::Left),
+    ]);
+    for r in runs {
+        t.row(vec![
+            esc(&r.job_key).into_owned(),
+            esc(&r.status).into_owned(),
+            format!("{}/{}", r.attempts, r.max_attempts),
+            r.processed_count.to_string(),
+            r.failed_count.to_string(),
+            r.lease_owner
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |w| esc(w).into_owned()),
+            time_or_dash(r.started_at),
+            time_or_dash(r.finished_at),
+        ]);
+    }
+    t.print();
+}
+
+/// One `label: value` line of `runs show`, the values in one column.
+fn field(label: &str, value: impl std::fmt::Display) {
+    println!("{:<16}{value}", format!("{label}:"));
+}
+
+/// `runs show` in text: the run, then its attempts and operator actions.
+/// Every time is compared with the database clock of the read (`read_at`).
+fn print_show(
+    run: &queue::RunView,
+    attempts: &[queue::AttemptView],
+    actions: &[queue::ActionView],
+) {
+    let now = run.read_at;
+    let ago = |t: chrono::DateTime<chrono::Utc>| {
+        let s = (now - t).num_milliseconds() as f64 / 1000.0;
+        if s >= 0.0 {
+            format!("{} ago", seconds(s))
+        } else {
+            format!("in {}", seconds(s))
+        }
+    };
+    field("key", esc(&run.job_key));
+    field("job", esc(&run.job_name));
+    field("business date", run.business_date);
+    field("status", esc(&run.status));
+    field("attempts", format!("{}/{}", run.attempts, run.max_attempts));
+    field(
+        "processed",
+        format!("{} items, {} failed", run.processed_count, run.failed_count),
+    );
+    match &run.context {
+        Some(c) => {
+            field(
+                "period",
+                format!(
+                    "{} .. {} ({}, {})",
+                    time(c.period_start),
+                    time(c.period_end),
+                    c.timezone.name(),
+                    c.covers.as_str()
+                ),
+            );
+            field(
+                "policies",
+                format!(
+                    "lease {}, stale after {}, on lease expiry {}, chunk {}, backoff {}..{}, {} attempts, item failures {}",
+                    humantime::format_duration(c.lease_ttl),
+                    humantime::format_duration(c.stale_after),
+                    c.on_lease_expiry.as_str(),
+                    c.chunk_size,
+                    humantime::format_duration(c.backoff),
+                    humantime::format_duration(c.backoff_max),
+                    c.attempt_budget,
+                    c.max_item_failures
+                        .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+                ),
+            );
+        }
+        None => field(
+            "period",
+            "not recorded (enqueued by a release before run contexts; the worker that claims it records it)",
+        ),
+    }
+    field("enqueued", time(run.enqueued_at));
+    if run.status == "PENDING" {
+        field(
+            "next try",
+            format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),
+        );
+    }
+    if let Some(t) = run.started_at {
+        field("started", format!("{} ({})", time(t), ago(t)));
+    }
+    if let Some(t) = run.finished_at {
+        field("finished", format!("{} ({})", time(t), ago(t)));
+    }
+    match (&run.lease_owner, run.status.as_str()) {
+        (Some(o), "RUNNING") => {
+            let holder = format!(
+                "held by {}, token {}",
+                esc(o),
+                run.lease_token.unwrap_or_default()
+            );
+            match run.lease_expires_at {
+                Some(t) if t <= now => field(
+                    "lease",
+                    format!(
+                        "EXPIRED {} ago at {}, {holder}; see `batchonce runs stale`",
+                        seconds((now - t).num_milliseconds() as f64 / 1000.0),
+                        time(t)
+                    ),
+                ),
+                Some(t) => field(
+                    "lease",
+                    format!("{holder}, expires {} ({})", time(t), ago(t)),
+                ),
+                None => field("lease", holder),
+            }
+            if let Some(h) = run.heartbeat_at {
+                field("last heartbeat", format!("{} ({})", time(h), ago(h)));
+            }
+        }
+        (Some(o), _) => field("last worker", esc(o)),
+        (None, _) => {}
+    }
+    if let Some(e) = &run.error_message {
+        field("message", esc(e));
+    }
+    println!();
+    println!("attempt history:");
+    if attempts.is_empty() {
+        println!("  none yet");
+    } else {
+        let mut t = Table::new(&[
+            ("#", Align::Right),
+            ("WORKER", Align::Left),
+            ("TOKEN", Align::Right),
+            ("OUTCOME", Align::Left),
+            ("PROCESSED", Align::Right),
+            ("FAILED", Align::Right),
+            ("STARTED", Align::Left),
+            ("FINISHED", Align::Left),
+            ("MESSAGE", Align::Left),
+        ]);
+        for a in attempts {
+            t.row(vec![
+                a.attempt.to_string(),
+                esc(&a.worker_id).into_owned(),
+                a.lease_token.to_string(),
+                esc(a.outcome.as_deref().unwrap_or("running")).into_owned(),
+                a.processed_count.to_string(),
+                a.failed_count.to_string(),
+                time(a.started_at),
+                time_or_dash(a.finished_at),
+                a.error_message
+                    .as_deref()
+                    .map(|e| esc(e).into_owned())
+                    .unwrap_or_default(),
+            ]);
+        }
+        for line in t.lines("  ") {
+            println!("{line}");
+        }
+    }
+    if !actions.is_empty() {
+        println!();
+        println!("operator actions:");
+        for a in actions {
+            println!(
+                "  {} {} by {} (session {}): {} -> {}: {}",
+                time(a.at),
+                esc(&a.action),
+                esc(&a.operator),
+                esc(&a.session_user),
+                esc(&a.before_status),
+                esc(&a.after_status),
+                esc(&a.reason)
+            );
+            if let Some(d) = &a.detail {
+                println!("    {}", esc(d));
+            }
         }
     }
 }
