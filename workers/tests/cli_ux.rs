@@ -887,6 +887,46 @@ async fn text_logs_to_a_file_have_no_colour_codes() {
     assert!(!log.contains('\x1b'), "escape codes in a file: {log:?}");
 }
 
+/// JSON logs hold no Rust debug text: the producer's tick, whose window
+/// start is optional, logs it as a plain timestamp (the worker's log is
+/// checked by the plain watch test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_hold_no_rust_debug_text() {
+    let db = db().await;
+    let out = cmd(
+        Some(&db.url),
+        &[
+            "--log-format",
+            "json",
+            "produce",
+            "--once",
+            "--now",
+            "2026-09-15T02:00:00+09:00",
+        ],
+    )
+    .env("RUST_LOG", "info")
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains("producer tick"), "{log}");
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            !line.contains("Some("),
+            "Rust debug text in the log: {line}"
+        );
+        if v["message"] == "producer tick" {
+            let start = v["window_start"].as_str().unwrap_or_default();
+            assert!(
+                chrono::DateTime::parse_from_rfc3339(start).is_ok(),
+                "{line}"
+            );
+        }
+    }
+}
+
 /// `status` (and `runs list`) on a database nobody migrated: one line that
 /// says to run `batchonce migrate`, exit 1, as the worker says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
