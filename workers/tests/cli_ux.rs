@@ -883,8 +883,8 @@ async fn text_logs_to_a_file_have_no_colour_codes() {
     kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM).unwrap();
     assert!(wait_exit(&mut worker, Duration::from_secs(30)).success());
     let log = std::fs::read_to_string(&log_path).unwrap();
-    assert!(log.contains(" INFO "), "{log}");
     assert!(!log.contains('\x1b'), "escape codes in a file: {log:?}");
+    assert!(log.contains(" INFO "), "{log}");
 }
 
 /// JSON logs hold no Rust debug text: the producer's tick, whose window
