@@ -234,7 +234,9 @@ async fn run_command(spec: &CommandSpec, ctx: &JobContext) -> Result<Outcome, Jo
         }
     };
     info!(job_key = %ctx.key, attempt = ctx.attempt, pid, supervisor = sup.id(),
-          command = ?spec.argv, "command started");
+          // The arguments as a JSON array: unambiguous, and no Rust syntax.
+          command = %serde_json::to_string(&spec.argv).unwrap_or_default(),
+          "command started");
 
     enum Stop {
         TimedOut,

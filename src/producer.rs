@@ -232,7 +232,8 @@ pub fn log_tick(report: &[JobTick]) {
         info!(
             job = %t.job, enqueued = t.enqueued.len(), skipped = t.skipped.len(),
             duplicates = t.duplicates, truncated = t.truncated,
-            window_start = ?t.window_start, "producer tick"
+            window_start = t.window_start.map(|w| w.to_rfc3339()).as_deref(),
+            "producer tick"
         );
         if t.truncated {
             // Config validation bounds catch_up so this cannot happen; if it

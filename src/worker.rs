@@ -659,8 +659,8 @@ async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blocker
         Ok(Ok(ended)) if ended.is_empty() => {}
         Ok(Ok(ended)) => warn!(
             job_key = %lease.key, lease_token = lease.token,
-            pids = ?ended.iter().map(|e| e.pid).collect::<Vec<_>>(),
-            waiting_on = ?ended.iter().filter_map(|e| e.waiting_on.as_deref()).collect::<Vec<_>>(),
+            pids = %ended.iter().map(|e| e.pid.to_string()).collect::<Vec<_>>().join(","),
+            waiting_on = %ended.iter().filter_map(|e| e.waiting_on.as_deref()).collect::<Vec<_>>().join("; "),
             "abandoned handler: ended its own blocked database session(s), which held the run's row"
         ),
         Ok(Err(e)) => warn!(job_key = %lease.key, error = %e,

@@ -808,6 +808,9 @@ pub struct RunView {
     pub processed_count: i64,
     pub failed_count: i64,
     pub error_message: Option<String>,
+    /// The database clock when the row was read: `lease_expires_at` and
+    /// `next_run_at` are compared with it, never with this machine's clock.
+    pub read_at: DateTime<Utc>,
     /// What defines the run (time zone, period, policies); `None` for a run
     /// the previous release enqueued and nobody has claimed since.
     #[serde(serialize_with = "serialize_context")]
@@ -839,7 +842,7 @@ pub struct AttemptView {
 const RUN_COLUMNS: &str = "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
     r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
     r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
-    r.failed_count, r.error_message";
+    r.failed_count, r.error_message, now() AS read_at";
 
 fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     Ok(RunView {
@@ -860,6 +863,7 @@ fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
         processed_count: row.try_get("processed_count")?,
         failed_count: row.try_get("failed_count")?,
         error_message: row.try_get("error_message")?,
+        read_at: row.try_get("read_at")?,
         context: context::from_row(row)?,
     })
 }

@@ -1,0 +1,448 @@
+//! `batchonce runs ...`: inspecting runs and the operator actions on them.
+
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use serde_json::json;
+
+use super::keys;
+use super::print::{distinct_fingerprints, print_drift, seconds, time, time_or_dash, Align, Table};
+use super::{validate_operator, validate_reason, RunsCommand};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::job::Registry;
+use crate::key::JobName;
+use crate::queue::{self, RunStatus};
+use crate::text::{escape_for_terminal as esc, json_for_terminal};
+
+pub(super) async fn runs_command(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    config: &Config,
+    command: &RunsCommand,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        RunsCommand::Stale { fail_if_dead } => {
+            let stale = queue::stale_runs(pool, Clock::Db).await?;
+            let drift = crate::worker_registry::config_drift(pool).await?;
+            if json_out {
+                println!("{}", json_for_terminal(&stale)?);
+                // Standard output stays the list scripts read.
+                for d in &drift {
+                    eprintln!(
+                        "batchonce: warning: live processes run {} with {} different configurations (keys: {}); see `batchonce status`",
+                        esc(&d.job_name),
+                        distinct_fingerprints(d),
+                        esc(&d.keys.join(", "))
+                    );
+                }
+                return Ok(stale_exit(&stale, *fail_if_dead));
+            }
+            print_drift(&drift);
+            if stale.is_empty() {
+                println!("no stale runs");
+            }
+            let age = |a: Option<f64>| {
+                a.map(|s| format!("{s:.0}s ago"))
+                    .unwrap_or_else(|| "never".into())
+            };
+            for r in &stale {
+                println!("{}  {}", esc(&r.job_key), esc(&r.conclusion));
+                println!(
+                    "  attempt {} by {}, running {:.0}s{}",
+                    r.attempt,
+                    esc(r.worker_id.as_deref().unwrap_or("?")),
+                    r.running_seconds,
+                    if r.lease_expired {
+                        ", lease expired"
+                    } else {
+                        ""
+                    }
+                );
+                println!(
+                    "  last heartbeat {}; processed {} ({} since the last heartbeat)",
+                    age(r.heartbeat_age_seconds),
+                    r.processed_count,
+                    if r.advanced_since_heartbeat {
+                        "advancing"
+                    } else {
+                        "not advancing"
+                    }
+                );
+                println!(
+                    "  worker last seen {}; database session {}",
+                    age(r.worker_last_seen_age_seconds),
+                    if r.session_alive { "connected" } else { "gone" }
+                );
+                if let Some(w) = &r.lock_wait {
+                    println!(
+                        "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
+                        w.pid,
+                        esc(w.wait_event.as_deref().unwrap_or("?")),
+                        w.waiting_seconds.unwrap_or(0.0),
+                        if w.for_this_run {
+                            ""
+                        } else {
+                            " (maybe for another of its runs)"
+                        }
+                    );
+                    for b in &w.blockers {
+                        println!("    {}", esc(&b.session.describe()));
+                        for s in &b.blocked_by {
+                            println!("      {}", esc(&s.describe()));
+                        }
+                    }
+                }
+            }
+            Ok(stale_exit(&stale, *fail_if_dead))
+        }
+        RunsCommand::Watch { key, interval } => {
+            let key = keys::parse(key)?;
+            super::watch::watch(pool, &key, *interval, json_out).await
+        }
+        RunsCommand::Fail(a) | RunsCommand::Rerun(a) | RunsCommand::Skip(a) => {
+            let action = match command {
+                RunsCommand::Fail(_) => queue::Action::Fail,
+                RunsCommand::Rerun(_) => queue::Action::Rerun,
+                _ => queue::Action::Skip,
+            };
+            let key = keys::parse(&a.key)?;
+            let operator = validate_operator(&a.operator)?;
+            let reason = validate_reason(&a.reason)?;
+            // A key that may be a date written another way: if it names no
+            // run, say how dates are written rather than only "no run".
+            if keys::hint(key.as_str()).is_some() && queue::show_run(pool, &key).await?.is_none() {
+                return Err(keys::no_run(&key));
+            }
+            let cfg = JobName::parse(key.job_name())
+                .ok()
+                .and_then(|n| config.job(&n).cloned())
+                .unwrap_or_default();
+            let req = queue::OperatorRequest {
+                action,
+                key,
+                operator,
+                reason,
+                force: a.force,
+                // Only for a run that stores no policy: the engine's default,
+                // as `runs stale` judges such a run.
+                stale_after: crate::config::JobConfig::default().stale_after,
+                max_attempts: cfg.max_attempts,
+            };
+            let opts = queue::blockers::ActOptions {
+                lock_timeout: a.lock_timeout,
+                terminate_blocker: a.terminate_blocker,
+                dry_run: a.dry_run,
+            };
+            let report = match queue::blockers::act(pool, &req, Clock::Db, opts).await {
+                Ok(r) => r,
+                Err(queue::blockers::ActError::Blocked(b)) => return blocked(&b, json_out),
+                Err(e) => return Err(e.into()),
+            };
+            let outcome = &report.outcome;
+            if json_out {
+                println!("{}", json_for_terminal(&report)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for s in &report.terminated {
+                println!("terminated {} (audited)", esc(&s.describe()));
+            }
+            let (key, before, after) = (
+                esc(&outcome.job_key),
+                esc(&outcome.before),
+                esc(&outcome.after),
+            );
+            if outcome.applied {
+                println!("{} {key}: {before} -> {after} (audited)", outcome.action);
+            } else {
+                println!(
+                    "dry run: {} {key} would change {before} -> {after}; nothing changed",
+                    outcome.action
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::List { status, job, limit } => {
+            let status = match status {
+                Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
+                    anyhow!("unknown status {s:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)")
+                })?),
+                None => None,
+            };
+            let runs = list_runs(pool, registry, status, job.as_deref(), *limit).await?;
+            if json_out {
+                println!("{}", json_for_terminal(&runs)?);
+            } else {
+                print_list(&runs);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Show { key } => {
+            let key = keys::parse(key)?;
+            let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
+                return Err(keys::no_run(&key));
+            };
+            let actions = queue::actions(pool, &key).await?;
+            if json_out {
+                println!(
+                    "{}",
+                    json_for_terminal(
+                        &json!({"run": run, "attempts": attempts, "operator_actions": actions})
+                    )?
+                );
+            } else {
+                print_show(&run, &attempts, &actions);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `runs stale`'s exit status: [`super::EXIT_FOUND`] if asked to look for
+/// a dead run and one is there.
+fn stale_exit(stale: &[queue::StaleRun], fail_if_dead: bool) -> ExitCode {
+    if fail_if_dead && stale.iter().any(|r| r.conclusion == "dead") {
+        ExitCode::from(super::EXIT_FOUND)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `runs list` as a table: the worker is the lease holder of a RUNNING run
+/// and the last one otherwise.
+fn print_list(runs: &[queue::RunView]) {
+    let mut t = Table::new(&[
+        ("KEY", Align::Left),
+        ("STATUS", Align::Left),
+        ("ATTEMPTS", Align::Right),
+        ("PROCESSED", Align::Right),
+        ("FAILED", Align::Right),
+        ("WORKER", Align::Left),
+        ("STARTED", Align::Left),
+        ("FINISHED", Align::Left),
+    ]);
+    for r in runs {
+        t.row(vec![
+            esc(&r.job_key).into_owned(),
+            esc(&r.status).into_owned(),
+            format!("{}/{}", r.attempts, r.max_attempts),
+            r.processed_count.to_string(),
+            r.failed_count.to_string(),
+            r.lease_owner
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |w| esc(w).into_owned()),
+            time_or_dash(r.started_at),
+            time_or_dash(r.finished_at),
+        ]);
+    }
+    t.print();
+}
+
+/// One `label: value` line of `runs show`, the values in one column.
+fn field(label: &str, value: impl std::fmt::Display) {
+    println!("{:<16}{value}", format!("{label}:"));
+}
+
+/// `runs show` in text: the run, then its attempts and operator actions.
+/// Every time is compared with the database clock of the read (`read_at`).
+fn print_show(
+    run: &queue::RunView,
+    attempts: &[queue::AttemptView],
+    actions: &[queue::ActionView],
+) {
+    let now = run.read_at;
+    let ago = |t: chrono::DateTime<chrono::Utc>| {
+        let s = (now - t).num_milliseconds() as f64 / 1000.0;
+        if s >= 0.0 {
+            format!("{} ago", seconds(s))
+        } else {
+            format!("in {}", seconds(s))
+        }
+    };
+    field("key", esc(&run.job_key));
+    field("job", esc(&run.job_name));
+    field("business date", run.business_date);
+    field("status", esc(&run.status));
+    field("attempts", format!("{}/{}", run.attempts, run.max_attempts));
+    field(
+        "processed",
+        format!("{} items, {} failed", run.processed_count, run.failed_count),
+    );
+    match &run.context {
+        Some(c) => {
+            field(
+                "period",
+                format!(
+                    "{} .. {} ({}, {})",
+                    time(c.period_start),
+                    time(c.period_end),
+                    c.timezone.name(),
+                    c.covers.as_str()
+                ),
+            );
+            field(
+                "policies",
+                format!(
+                    "lease {}, stale after {}, on lease expiry {}, chunk {}, backoff {}..{}, {} attempts, item failures {}",
+                    humantime::format_duration(c.lease_ttl),
+                    humantime::format_duration(c.stale_after),
+                    c.on_lease_expiry.as_str(),
+                    c.chunk_size,
+                    humantime::format_duration(c.backoff),
+                    humantime::format_duration(c.backoff_max),
+                    c.attempt_budget,
+                    c.max_item_failures
+                        .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+                ),
+            );
+        }
+        None => field(
+            "period",
+            "not recorded (enqueued by a release before run contexts; the worker that claims it records it)",
+        ),
+    }
+    field("enqueued", time(run.enqueued_at));
+    if run.status == "PENDING" {
+        field(
+            "next try",
+            format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),
+        );
+    }
+    if let Some(t) = run.started_at {
+        field("started", format!("{} ({})", time(t), ago(t)));
+    }
+    if let Some(t) = run.finished_at {
+        field("finished", format!("{} ({})", time(t), ago(t)));
+    }
+    match (&run.lease_owner, run.status.as_str()) {
+        (Some(o), "RUNNING") => {
+            let holder = format!(
+                "held by {}, token {}",
+                esc(o),
+                run.lease_token.unwrap_or_default()
+            );
+            match run.lease_expires_at {
+                Some(t) if t <= now => field(
+                    "lease",
+                    format!(
+                        "EXPIRED {} ago at {}, {holder}; see `batchonce runs stale`",
+                        seconds((now - t).num_milliseconds() as f64 / 1000.0),
+                        time(t)
+                    ),
+                ),
+                Some(t) => field(
+                    "lease",
+                    format!("{holder}, expires {} ({})", time(t), ago(t)),
+                ),
+                None => field("lease", holder),
+            }
+            if let Some(h) = run.heartbeat_at {
+                field("last heartbeat", format!("{} ({})", time(h), ago(h)));
+            }
+        }
+        (Some(o), _) => field("last worker", esc(o)),
+        (None, _) => {}
+    }
+    if let Some(e) = &run.error_message {
+        field("message", esc(e));
+    }
+    println!();
+    println!("attempt history:");
+    if attempts.is_empty() {
+        println!("  none yet");
+    } else {
+        let mut t = Table::new(&[
+            ("#", Align::Right),
+            ("WORKER", Align::Left),
+            ("TOKEN", Align::Right),
+            ("OUTCOME", Align::Left),
+            ("PROCESSED", Align::Right),
+            ("FAILED", Align::Right),
+            ("STARTED", Align::Left),
+            ("FINISHED", Align::Left),
+            ("MESSAGE", Align::Left),
+        ]);
+        for a in attempts {
+            t.row(vec![
+                a.attempt.to_string(),
+                esc(&a.worker_id).into_owned(),
+                a.lease_token.to_string(),
+                esc(a.outcome.as_deref().unwrap_or("running")).into_owned(),
+                a.processed_count.to_string(),
+                a.failed_count.to_string(),
+                time(a.started_at),
+                time_or_dash(a.finished_at),
+                a.error_message
+                    .as_deref()
+                    .map(|e| esc(e).into_owned())
+                    .unwrap_or_default(),
+            ]);
+        }
+        for line in t.lines("  ") {
+            println!("{line}");
+        }
+    }
+    if !actions.is_empty() {
+        println!();
+        println!("operator actions:");
+        for a in actions {
+            println!(
+                "  {} {} by {} (session {}): {} -> {}: {}",
+                time(a.at),
+                esc(&a.action),
+                esc(&a.operator),
+                esc(&a.session_user),
+                esc(&a.before_status),
+                esc(&a.after_status),
+                esc(&a.reason)
+            );
+            if let Some(d) = &a.detail {
+                println!("    {}", esc(d));
+            }
+        }
+    }
+}
+
+/// `runs list`: the runs of any job the database holds, whatever this
+/// process's configuration declares. A name with no runs that the
+/// configuration does not know either is most likely a typo: that is an
+/// error naming the known jobs, rather than an empty list.
+async fn list_runs(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    status: Option<RunStatus>,
+    job: Option<&str>,
+    limit: u32,
+) -> anyhow::Result<Vec<queue::RunView>> {
+    let name = job.map(JobName::parse).transpose()?;
+    let runs = queue::list_runs(pool, status, name.as_ref(), limit).await?;
+    if let (Some(j), true) = (job, runs.is_empty()) {
+        if queue::list_runs(pool, None, name.as_ref(), 1)
+            .await?
+            .is_empty()
+        {
+            registry.resolve(j).map_err(|e| anyhow!(e))?;
+        }
+    }
+    Ok(runs)
+}
+
+/// An operator action that gave up waiting for the run's row: one error
+/// line and the sessions in detail on stderr, and with `--json` the same
+/// as one object on stdout. Exit 1.
+fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
+    let line = crate::queue::truncate(&b.to_string());
+    eprintln!("batchonce: error: {}", esc(&line));
+    if json_out {
+        let mut v = serde_json::to_value(b)?;
+        v["error"] = json!("blocked");
+        v["message"] = json!(line);
+        println!("{}", json_for_terminal(&v)?);
+    } else {
+        for l in b.detail() {
+            eprintln!("{}", esc(&l));
+        }
+    }
+    Ok(ExitCode::FAILURE)
+}
