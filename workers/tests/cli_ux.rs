@@ -39,7 +39,9 @@ async fn db() -> TestDb {
 
 fn cmd(url: Option<&str>, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.env_remove("BATCHONCE_CONFIG")
+    // The bundled kinds the tests exercise, declared by the environment so
+    // that a `--config` among `args` still wins.
+    c.env("BATCHONCE_CONFIG", common::samples_config())
         .env_remove("RUST_LOG")
         .env_remove("NO_COLOR")
         .env_remove("DATABASE_URL")
