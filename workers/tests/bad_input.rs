@@ -257,11 +257,7 @@ fn assert_refused(out: &Output, what: &str, want: Refusal) {
         want.says
     );
     // The parser's refusals point at the help; the commands' say it all.
-    assert_eq!(
-        help.is_some(),
-        want.code == 2,
-        "{what}: {line} {why}"
-    );
+    assert_eq!(help.is_some(), want.code == 2, "{what}: {line} {why}");
 }
 
 /// Strings that are never a valid job name, key, date or identifier.
