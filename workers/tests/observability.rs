@@ -24,24 +24,7 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// promtool and prometheus come from Debian's `prometheus` package, which
-/// `.ci/run` installs. Without them a local run says so and skips; in CI
-/// their absence is a failure.
-fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{name} is missing in CI: .ci/run must install Debian's prometheus package"
-        );
-        eprintln!("skipped: {name} not installed (apt-get install -y prometheus)");
-    }
-    found
-}
+use common::prometheus::tool;
 
 fn scratch(name: &str) -> PathBuf {
     batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
@@ -429,30 +412,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
         &db.url,
         &dir.join("exporter.log"),
     );
-    let rules = root().join("dashboards/prometheus/alerts.yml");
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: batchonce\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{wport}', '127.0.0.1:{eport}']\n",
-            rules.display()
-        ),
-    )
-    .unwrap();
-    let prom = Command::new(prometheus)
-        .arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let prom = common::prometheus::start(&prometheus, &dir, &[wport, eport], pport);
 
     wait_until("the worker's /readyz", Duration::from_secs(20), || async {
         get(wport, "/readyz").is_some_and(|(c, _)| c == 200)

@@ -16,6 +16,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const STUCK: &str = "stuck-export:2026-09-15";
 const BROKEN: &str = "broken-import:2026-09-15";
@@ -482,24 +484,6 @@ async fn the_producers_due_period_and_the_exporters_newest_done_period_meet() {
     assert!(newest >= due, "{newest} < {due}");
 }
 
-/// Prometheus from Debian's package (`.ci/run` installs it): absent, a
-/// local run skips with a message, and CI fails.
-fn prometheus() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("prometheus"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "prometheus is missing in CI: .ci/run must install Debian's prometheus package"
-        );
-        eprintln!("skipped: prometheus not installed (apt-get install -y prometheus)");
-    }
-    found
-}
-
 /// Issue 18's adoption path, end to end: an empty folder and an empty
 /// database, one command job declared, then `migrate`, `produce`, a worker
 /// that works two periods and fails the third. No sample table or run
@@ -507,7 +491,7 @@ fn prometheus() -> Option<PathBuf> {
 /// file) agree; and a real Prometheus fires the failure's alert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
-    let Some(prometheus) = prometheus() else {
+    let Some(prometheus) = common::prometheus::tool("prometheus") else {
         return;
     };
     let db = TestDb::empty().await;
@@ -546,33 +530,7 @@ async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
         .stderr(std::fs::File::create(dir.join("exporter.log")).unwrap())
         .spawn()
         .unwrap();
-    let rules =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dashboards/prometheus/alerts.yml");
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: batchonce\n    honor_labels: true\n    static_configs:\n\
-             \x20     - targets: ['127.0.0.1:{wport}', '127.0.0.1:{eport}']\n",
-            rules.display()
-        ),
-    )
-    .unwrap();
-    let prom = Command::new(prometheus)
-        .arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let prom = common::prometheus::start(&prometheus, &dir, &[wport, eport], pport);
 
     wait_until(
         "two periods SUCCEEDED and one FAILED",

@@ -11,6 +11,8 @@ use sqlx::PgPool;
 
 #[allow(dead_code)]
 pub mod oracle;
+#[allow(dead_code)]
+pub mod prometheus;
 #[allow(unused_imports)]
 pub use oracle::items_outside_their_lease;
 
