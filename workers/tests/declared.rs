@@ -10,9 +10,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use batchonce::testing::{wait_until, TestDb};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use sqlx::PgPool;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
@@ -201,12 +201,7 @@ async fn a_database_that_declares_one_command_job_gets_nothing_else() {
         },
     )
     .await;
-    kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while worker.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the worker did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::sigterm_and_wait(&mut worker);
     let text = std::fs::read_to_string(&log).unwrap();
     let started: Vec<serde_json::Value> = text
         .lines()

@@ -7,12 +7,10 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchonce::testing::{wait_until, TestDb};
 use chrono::NaiveDate;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use sqlx::PgPool;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
@@ -77,12 +75,7 @@ async fn settled_run() -> TestDb {
         }
     })
     .await;
-    kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while worker.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the worker did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::sigterm_and_wait(&mut worker);
     db
 }
 

@@ -75,3 +75,21 @@ pub fn samples_config() -> &'static Path {
         p
     })
 }
+
+/// Sends SIGTERM and waits, at most 30 s, for the process to exit: a
+/// process that ignores it fails the test instead of hanging it.
+#[allow(dead_code)]
+pub fn sigterm_and_wait(child: &mut std::process::Child) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {} did not stop within 30s of SIGTERM",
+            child.id()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
