@@ -561,10 +561,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn kinds() -> BTreeMap<JobName, JobConfig> {
+    /// One registered kind, for the parser's tests here and in `command`.
+    pub(crate) fn kinds() -> BTreeMap<JobName, JobConfig> {
         let mut m = BTreeMap::new();
         m.insert(
             JobName::parse("daily-settlement").unwrap(),
@@ -573,7 +574,8 @@ mod tests {
         m
     }
 
-    fn err(text: &str) -> String {
+    /// The error a configuration text gets.
+    pub(crate) fn err(text: &str) -> String {
         Config::parse(text, "t.toml", &kinds())
             .unwrap_err()
             .to_string()

@@ -270,23 +270,9 @@ pub(super) fn as_argv(v: &toml::Value) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::{err, kinds};
     use crate::config::Config;
     use crate::key::JobName;
-
-    fn kinds() -> BTreeMap<JobName, JobConfig> {
-        let mut m = BTreeMap::new();
-        m.insert(
-            JobName::parse("daily-settlement").unwrap(),
-            JobConfig::default(),
-        );
-        m
-    }
-
-    fn err(text: &str) -> String {
-        Config::parse(text, "t.toml", &kinds())
-            .unwrap_err()
-            .to_string()
-    }
 
     #[test]
     fn command_jobs_are_declared_in_the_file() {
