@@ -28,7 +28,12 @@ fn pages() -> Vec<PathBuf> {
     .map(|p| root.join(p))
     .filter(|p| p.is_file())
     .collect();
-    for dir in ["docs", "deploy/systemd", "deploy/kubernetes", "examples/node-invoices"] {
+    for dir in [
+        "docs",
+        "deploy/systemd",
+        "deploy/kubernetes",
+        "examples/node-invoices",
+    ] {
         let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
             continue;
         };
@@ -151,5 +156,8 @@ fn the_anchor_rule_matches_github() {
         slug("Operating batchonce: stale runs, fail, rerun, skip"),
         "operating-batchonce-stale-runs-fail-rerun-skip"
     );
-    assert_eq!(slug("When an action waits for a lock: `--lock-timeout`"), "when-an-action-waits-for-a-lock---lock-timeout");
+    assert_eq!(
+        slug("When an action waits for a lock: `--lock-timeout`"),
+        "when-an-action-waits-for-a-lock---lock-timeout"
+    );
 }
