@@ -683,7 +683,7 @@ async fn the_sql_fence_refuses_an_expired_lease() {
     );
 }
 
-/// The Node.js example of the README: `examples/node-invoices`, SIGKILLed
+/// The Node.js example of docs/command-jobs.md: `examples/node-invoices`, SIGKILLed
 /// mid-run, retried by another worker, every invoice written once. Needs
 /// `npm ci` in that folder (`.ci/run` does it); elsewhere it says so and
 /// passes, except under CI, where a missing install is a failure.

@@ -1037,7 +1037,7 @@ fn the_systemd_units_are_configured_as_the_code_needs() {
     assert!(stop > grace, "TimeoutStopSec {stop} <= --grace {grace}");
     // Each instance needs its own metrics port: the address is a variable
     // that an EnvironmentFile named after the instance defines, and the
-    // README's install steps write that file.
+    // install steps of deploy/systemd/README.md write that file.
     let addr = flag_value(argv, "--metrics-addr").expect("worker --metrics-addr");
     let var = addr
         .strip_prefix("${")

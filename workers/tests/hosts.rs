@@ -1,7 +1,7 @@
 //! Several network hosts on one machine: PostgreSQL in a Linux network
 //! namespace of its own, two workers and a producer each in theirs, every
 //! one joined to the database's namespace by its own veth pair. The test cuts
-//! the link of the worker that holds a lease and checks what the README
+//! the link of the worker that holds a lease and checks what docs/deployment.md
 //! promises for a partition: the other worker takes the run over once the
 //! lease has expired, the cut-off worker stops its handler on its own clock
 //! (self-fencing), and nothing it tries after the link comes back commits.
