@@ -60,7 +60,7 @@ enum LogFormat {
 enum Command {
     /// The whole system on one machine, on the embedded default database.
     Demo,
-    /// Applies the migrations of the engine and of every job kind.
+    /// Applies the migrations of the engine and of every declared job kind.
     Migrate,
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
     /// `duplicate KEY` or `skipped KEY (reason)` per run.

@@ -161,3 +161,24 @@ fn the_anchor_rule_matches_github() {
         "when-an-action-waits-for-a-lock---lock-timeout"
     );
 }
+
+/// docs/cli-reference.md is generated from the clap definitions the binary
+/// parses with, so it cannot say what the binary does not. Regenerate it
+/// with `BATCHONCE_UPDATE_DOCS=1 cargo test -p batchonce-workers --test docs`.
+#[test]
+fn the_command_line_reference_is_what_the_binary_says() {
+    let path = root().join("docs/cli-reference.md");
+    let generated = format!(
+        "<!-- Generated from the clap definitions by workers/tests/docs.rs; do not edit. -->\n\n{}",
+        clap_markdown::help_markdown_command(&batchonce::cli::command())
+    );
+    if std::env::var_os("BATCHONCE_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == generated,
+        "docs/cli-reference.md differs from what the binary's clap definitions say: \
+         regenerate it with BATCHONCE_UPDATE_DOCS=1 cargo test -p batchonce-workers --test docs"
+    );
+}
