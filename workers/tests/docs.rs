@@ -1,7 +1,9 @@
 //! Documentation that cannot drift: every relative link in the project's
 //! Markdown (README.md, docs/, the top-level pages, deploy/'s READMEs)
 //! names a file that exists, and every `#anchor` names a heading of the
-//! page it points into, as GitHub renders them.
+//! page it points into, as GitHub renders them; every `batchonce …` command
+//! line names real subcommands and flags; the command-line reference is the
+//! one the binary's clap definitions generate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -180,5 +182,135 @@ fn the_command_line_reference_is_what_the_binary_says() {
         checked_in == generated,
         "docs/cli-reference.md differs from what the binary's clap definitions say: \
          regenerate it with BATCHONCE_UPDATE_DOCS=1 cargo test -p batchonce-workers --test docs"
+    );
+}
+
+/// The `batchonce …` command lines of a page: lines of its code blocks and
+/// inline code spans that start with `batchonce ` (after a `$ ` prompt or
+/// `VAR=value` assignments), with the line they stand on.
+fn command_lines(page: &Path) -> Vec<(String, usize)> {
+    let text = std::fs::read_to_string(page).unwrap();
+    let mut out = Vec::new();
+    let mut in_block = false;
+    for (event, range) in Parser::new(&text).into_offset_iter() {
+        let line = text[..range.start].matches('\n').count() + 1;
+        match event {
+            Event::Start(Tag::CodeBlock(_)) => in_block = true,
+            Event::End(TagEnd::CodeBlock) => in_block = false,
+            Event::Text(t) if in_block => {
+                for (i, l) in t.lines().enumerate() {
+                    out.push((l.to_owned(), line + i));
+                }
+            }
+            Event::Code(t) => out.push((t.to_string(), line)),
+            _ => {}
+        }
+    }
+    out.into_iter()
+        .filter_map(|(l, n)| {
+            let mut words = l.split_whitespace().skip_while(|w| {
+                *w == "$" || *w == "sudo" || (w.contains('=') && !w.starts_with('-'))
+            });
+            (words.next() == Some("batchonce")).then(|| {
+                // A comment ends the command.
+                let cmd = l.split(" #").next().unwrap_or(&l);
+                (cmd.trim().to_owned(), n)
+            })
+        })
+        .collect()
+}
+
+/// Checks one command line against clap's tree: each subcommand (or each
+/// of `a|b` alternatives) exists, and each `--flag` belongs to the command
+/// it follows or is global. Placeholders (KEY, `...`) are not judged.
+fn check_command(root: &clap::Command, line: &str) -> Result<(), String> {
+    let globals: Vec<String> = root
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_owned))
+        .collect();
+    let takes_value = |cmd: &clap::Command, flag: &str| {
+        cmd.get_arguments()
+            .chain(root.get_arguments())
+            .find(|a| a.get_long() == Some(flag))
+            .is_some_and(|a| a.get_action().takes_values())
+    };
+    let mut path: Vec<&clap::Command> = vec![root];
+    let mut words = line
+        .split_whitespace()
+        .skip_while(|w| *w != "batchonce")
+        .skip(1)
+        .map(|w| w.trim_matches(|c| c == '[' || c == ']' || c == '`'))
+        .peekable();
+    let mut expect_sub = true;
+    while let Some(w) = words.next() {
+        let current = *path.last().unwrap();
+        if let Some(flag) = w.strip_prefix("--") {
+            let flag = flag.split('=').next().unwrap_or(flag);
+            if flag.is_empty() || flag == "help" || flag == "version" {
+                continue;
+            }
+            let known = current.get_arguments().any(|a| a.get_long() == Some(flag))
+                || globals.iter().any(|g| g == flag);
+            if !known {
+                return Err(format!("`{}` has no --{flag}", current.get_name()));
+            }
+            if !w.contains('=') && takes_value(current, flag) {
+                words.next();
+            }
+            continue;
+        }
+        if w.starts_with('-') || !expect_sub {
+            continue;
+        }
+        // A placeholder (`<command>`, `OPTIONS`, `…`) stands for any
+        // subcommand; a word ending in `:` is prose quoting a log line.
+        let placeholder = w.starts_with('<')
+            || w == "…"
+            || w == "..."
+            || (w.chars().any(char::is_alphabetic) && w.chars().all(|c| !c.is_lowercase()));
+        if placeholder || w.ends_with(':') {
+            expect_sub = false;
+            continue;
+        }
+        if current.get_subcommands().next().is_none() {
+            expect_sub = false;
+            continue;
+        }
+        let alternatives: Vec<&str> = w.split('|').collect();
+        let mut found = None;
+        for alt in &alternatives {
+            match current.find_subcommand(alt) {
+                Some(c) => found = found.or(Some(c)),
+                None => {
+                    return Err(format!(
+                        "`{}` has no subcommand {alt:?}",
+                        current.get_name()
+                    ))
+                }
+            }
+        }
+        path.push(found.unwrap());
+    }
+    Ok(())
+}
+
+#[test]
+fn every_command_line_in_the_docs_names_real_commands_and_flags() {
+    let cli = batchonce::cli::command();
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        for (line, n) in command_lines(&page) {
+            checked += 1;
+            if let Err(e) = check_command(&cli, &line) {
+                wrong.push(format!("{}:{n}: {line}: {e}", page.display()));
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} command lines found");
+    assert!(
+        wrong.is_empty(),
+        "command lines the binary would refuse:\n{}",
+        wrong.join("\n")
     );
 }
