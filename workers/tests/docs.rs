@@ -314,3 +314,16 @@ fn every_command_line_in_the_docs_names_real_commands_and_flags() {
         wrong.join("\n")
     );
 }
+
+/// README.md sells, shows and links; the guide is in docs/.
+#[test]
+fn the_readme_stays_short() {
+    let words = std::fs::read_to_string(root().join("README.md"))
+        .unwrap()
+        .split_whitespace()
+        .count();
+    assert!(
+        words <= 1_800,
+        "README.md has {words} words; at most 1,800: move detail into a page of docs/"
+    );
+}
