@@ -1,6 +1,60 @@
 //! The configuration file (`batchonce.toml`): one `[jobs.<name>]` table per job
 //! kind with its time zone and policies. Parsing is strict: an unknown key, a
 //! bad time zone or a bad duration is an error that names the key.
+//!
+//! The `batchonce.toml` parser. It produces a `Config` holding a `JobConfig` per job the file
+//! declares: for a registered kind named by a `[jobs.<name>]` table, the kind's `default_config()`
+//! with the table applied on top, and one per command job. `Config::empty()` (no file) declares
+//! nothing; `Config::defaults(kinds)` and `Config::declare_all` declare every given kind, for
+//! `demo` and library tests.
+//!
+//! It also holds `LeaseExpiryPolicy` (`retry` or `hold`) and `parse_duration` (humantime; zero
+//! rejected; only `chunk_pause` and `catch_up` accept a literal `"0"` or `"0s"`). The scheduling
+//! keys are `schedule` (a `CronSchedule`), `covers`, `catch_up` (at most `MAX_CATCH_UP`, 400 days),
+//! `skip_dates` (strict `YYYY-MM-DD`), `skip_weekdays` (chrono's weekday names) and `enabled`.
+//! `JobConfig::default` has no schedule, `covers = same-day`, `catch_up = 3d`, no skips and
+//! `enabled = true`. `JobConfig::skip_reason(date)` gives the business calendar's reason to skip a
+//! date, checking `skip_dates` first, then `skip_weekdays`. Parsing is strict. Unknown keys,
+//! unregistered job names, bad time zones, bad durations, out-of-range numbers broken cross-key
+//! rules and bad or never-firing cron expressions, dates or weekday names each produce a
+//! `ConfigError`: one line naming the file and the dotted key. The cross-key rules are `lease_ttl`
+//! between 1s and 24h, `lease_ttl <= stale_after <= 30d`, `backoff <= backoff_max <= 7d`,
+//! `chunk_pause <= 60s`, and, for every job with a `schedule`, whatever its `covers`, a `catch_up`
+//! window holding at most `producer::MAX_PERIODS_PER_TICK` (20,000) firings, because one tick walks
+//! every firing of its window. That last rule estimates the firings per day from a one-week sample
+//! of the schedule (the firings in `(2026-01-05T00:00Z, 2026-01-12T00:00Z]`, from a Monday, in the
+//! job's zone, so a schedule of some weekdays only is counted fairly), scales it to `catch_up`, and
+//! fails naming `catch_up` (`holds about N firings of this schedule; the limit is 20000: shorten
+//! it`). It counts firings, not periods, because the producer's cap does too (see
+//! `src/producer.rs`). The cross-key rules run in `apply_job_table`, so they check the jobs that
+//! have a `[jobs.<name>]` table in the file; a kind's `default_config()` alone is not checked.
+//!
+//! Three kinds of keys sit in a job table besides the scheduling and policy keys above:
+//!
+//! - `max_item_failures` (`Option<u64>`, default `None`, meaning no limit) is a common key that
+//!   every job accepts. Only a kind that counts failed items reads it; among the bundled kinds that
+//!   is `notification-send`.
+//! - A kind's own keys are held in `JobConfig.options`, a `KindOptions { keys, check, values }`.
+//!   The kind declares `keys` and `check` (an `OptionCheck`, `fn(&toml::Table) -> Result<(),
+//!   OptionError>`) in its `default_config()`. `apply_job_table` copies a key listed in `keys` into
+//!   `values` as raw TOML, and after the loop runs `check` on `values`; an `OptionError { key,
+//!   message }` becomes a `ConfigError` naming `jobs.<name>.<key>`. The kind reads the values with
+//!   `KindOptions::str`, `int` and `duration`. A key that no kind lists is an unknown key, and the
+//!   error lists the keys the table accepts. Like the cross-key rules, the check runs only for a
+//!   job with a table in the file.
+//! - `command` makes the job a command job, with a `CommandSpec`: `argv` (a non-empty array of
+//!   strings, at most 64 KiB, no NUL, the first not blank), `timeout` (default 1 h, at most 7 d),
+//!   `kill_grace` (default 10 s, at most `timeout`), `working_dir`, `env` (names of letters, digits
+//!   and `_` not starting with a digit, never `BATCHONCE_*` or `DATABASE_URL`; values at most 64
+//!   KiB), `pass_env` (at most 100 distinct such names, never `BATCHONCE_*`, `DATABASE_URL` or a
+//!   name of `env`), `database_url_env` (one such name), `skipped_exit_code` (default 3, 1–255) and
+//!   `fatal_exit_codes` (default `[2, 126, 127]`, each 1–255, not containing `skipped_exit_code`).
+//!   `CommandSpec::new` holds the defaults. `CommandSpec` and its keys live in the submodule
+//!   `src/config/command.rs`. The command-only keys (`COMMAND_KEYS`) are applied by
+//!   `apply_command_keys` after the loop, once `command` is known, and a table without `command`
+//!   that gives one is refused. In `Config::parse`, a table whose name is not a registered kind is
+//!   accepted only if it has `command`, and it starts from `JobConfig::default()`; a table of a
+//!   registered kind may not have `command` (`give the command job a name of its own`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -8,6 +8,16 @@
 //! process that happens to touch it. This module builds a context from a
 //! job's configuration and a period, and nothing else; the queue stores and
 //! reads it.
+//!
+//! `RunContext`: what defines a run, fixed when its key is enqueued and stored on its row: the
+//! business time zone, the instants its period starts and ends (`[period_start, period_end)`: a
+//! local day, or a firing's minute to the schedule's next firing), `covers`, and the policies
+//! workers and operators act on (`lease_ttl`, `stale_after`, `on_lease_expiry`, `chunk_size`,
+//! `backoff`, `backoff_max`, `max_item_failures`, and `attempt_budget`, the job's `max_attempts` at
+//! enqueue, which a rerun grants anew). `RunContext::new(cfg, period)` builds one for the producer
+//! and `enqueue`; `for_key(cfg, date, key_period)` builds one from a key, for runs built by hand
+//! and for freezing runs the previous release enqueued without one; `apply_to(cfg)` gives a handler
+//! the worker's configuration with every value the run defines replaced by the run's.
 
 use std::time::Duration;
 

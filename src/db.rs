@@ -3,6 +3,34 @@
 //! and no URL with a password reaches a log line or an error message. It also
 //! owns how statements reach PostgreSQL through PgBouncer in transaction
 //! pooling mode ([`set_transaction_pooler`], [`statement`]).
+//!
+//! Every pool is built here. `connect` connects eagerly for short commands, and `connect_lazy`
+//! connects on first use, so a long-running process starts while the database is down.
+//! `connect_worker`, which `worker` uses for both its pools, is lazy too and sets
+//! `idle_in_transaction_session_timeout` on every session; `src/cli/` passes twice the largest
+//! configured `lease_ttl`, at least 10 s. A stopped or wedged process therefore cannot keep a
+//! transaction, and the run row lock it holds, open forever and block lease-expiry recovery, which
+//! skips locked rows. Every session carries an `application_name`: the worker id for workers and
+//! `batchonce-<command>` otherwise. `redact` and `sanitize` keep passwords out of messages.
+//! `ENGINE_MIGRATIONS` embeds `migrations/`. `combined` and `migrate` merge the engine's migrations
+//! with each job kind's into one version-sorted `Migrator`. `pending_migrations` lists the versions
+//! of that set not yet applied successfully (all of them when `_sqlx_migrations` does not exist
+//! yet).
+//!
+//! It also owns how statements reach PostgreSQL through PgBouncer in transaction pooling mode.
+//! `set_transaction_pooler(true)` (the global `--pgbouncer` flag) is a process-wide switch, because
+//! a process reaches its database one way and threading a flag through every queue call would
+//! change every signature. When it is on, `options` turns off sqlx's statement cache and
+//! `connect_worker` sends no `idle_in_transaction_session_timeout`; `query`, `query_as` and
+//! `query_scalar` build sqlx queries that are named prepared statements only when it is off
+//! (through a pooler a named statement outlives its transaction on a server that other clients then
+//! get, and the same name collides); and `statement(pool)` gives one statement its own transaction
+//! when it is on (sqlx sends a statement as parse-then-sync and bind-execute-then-sync, and a
+//! transaction pooler may hand the second exchange to another server; inside a transaction it keeps
+//! one), and a plain pooled connection, at no extra cost, when it is off. Every statement of the
+//! queue, the worker registry, the producer and the bundled kinds' reads outside a fenced
+//! transaction goes through these. `connect_direct_lazy` builds the pool for `--listen-url`, which
+//! never goes through a pooler.
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,6 +8,23 @@
 //! stores: an exporter started anywhere, with any file or none, publishes
 //! the same numbers as `status` and `runs stale`. Database errors are
 //! logged and retried.
+//!
+//! `batchonce exporter`. `publish_once` reads `queue::gauges` on the database clock for every job
+//! the database knows (each job with runs, each job a process registered, plus zeros for the jobs
+//! of the exporter's own file without runs), judging runs by their stored policies, never by the
+//! file, and sets `batchonce_runs` (labels `job`, `status`),
+//! `batchonce_oldest_pending_age_seconds`, `batchonce_stale_runs`,
+//! `batchonce_last_success_timestamp_seconds` (only for a job that has succeeded: never 0),
+//! `batchonce_newest_failure_timestamp_seconds` (the label `BatchonceRunFailed` carries, so a
+//! second FAILED key notifies again), `batchonce_last_done_period_start_timestamp_seconds` (what
+//! `BatchonceRunMissed` compares with the producers'
+//! `batchonce_due_period_start_timestamp_seconds`), `batchonce_current_run_attempts` and
+//! `batchonce_expired_leases` (label `job`), `batchonce_config_fingerprints` (label `job`, from
+//! `worker_registry::fingerprint_counts`), and then
+//! `batchonce_exporter_last_success_timestamp_seconds`, which therefore advances only after a
+//! successful read. `run` publishes every `--interval` (default 15 s) until its cancellation token
+//! fires. A database error is logged (`exporter could not read the database; retrying`) and tried
+//! again at the next interval; it never ends the process.
 
 use std::time::Duration;
 

@@ -2,6 +2,39 @@
 //! ([`JobContext`]): the run's identity, the context it was enqueued with
 //! (time zone, period, policies), the rest of its configuration, fenced
 //! transactions for every write, progress counters and a cancellation signal.
+//!
+//! The job API.
+//!
+//! - `Job` is the trait a job kind implements: `name`, `default_config`, `migrations`, `demo` and
+//!   `run`.
+//! - `JobContext` is what the handler gets: key, business date, attempt, token, worker id, `run`
+//!   (the run's `RunContext`, stored when it was enqueued), config (the worker's, with every value
+//!   the run defines replaced by the run's), payload, a read pool, fenced transactions, progress
+//!   counters and cancellation. `JobContext::commit` commits a fenced transaction and, once it has
+//!   committed, adds its counts to `batchonce_items_processed_total` and
+//!   `batchonce_items_failed_total` (label `job`). `with_lease_lost(token)` gives the context the
+//!   worker's lease-lost token, which the worker cancels before the cancellation token when the
+//!   lease is gone, and `is_lease_lost()` reads it, so a handler can tell a lost lease (stop now:
+//!   nothing it writes can commit) from a shutdown (stop cleanly at a chunk boundary).
+//!   `with_lease_renewals(rx)` gives it a `watch` of `LeaseRenewal { sent, ttl }`, the lease's
+//!   confirmed extensions (the claim, then every heartbeat that reported the run `extended`; `busy`
+//!   extends nothing), where `sent` is the monotonic instant taken before the statement, so `sent +
+//!   ttl` is the earliest the lease can expire; `lease_renewals()` reads it. A context built
+//!   without a worker assumes the lease began when the context was made and is never extended.
+//! - `Outcome` is `Succeeded` or `Skipped(reason)`.
+//! - `JobError` is `Retryable`, `Fatal`, `LeaseLost` or `Cancelled`. `sqlx::Error` converts to
+//!   `Retryable`.
+//! - `JobDemo` is how `demo` works with any job kind. `seed(pool, config, dates)` and `verify(pool,
+//!   config, key, date)` are required; `verify` gets the run's key before its date, so a kind with
+//!   several periods a date can check each. `prepare(config, home)` adjusts the demo's
+//!   configuration of the kind (by default nothing; `notification-send` points its outbox sender
+//!   into the demo folder), and `periods(config, now)` gives the periods the demo runs (by default
+//!   the three business dates before today in the job's zone; `inventory-sync` gives its last three
+//!   quarter-hours).
+//! - `Registry` maps job names to kinds. `Registry::migrations` collects every registered kind's
+//!   `Migrator`. `Registry::only` keeps the declared kinds. `Registry::resolve` finds a job by
+//!   name, and its error (`unknown job "…" (declared: …; …)`) quotes at most 80 characters of the
+//!   name, through `key::shown`.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,22 @@
 //! Job names, job keys and business dates: the validated identifiers every
 //! other module takes. Nothing here touches the database or the clock.
+//!
+//! Validated identifiers: `JobName` (1–64 characters, lowercase letters and digits separated by
+//! single dashes), `JobKey` (`<job>:<period>`, where the period is digits, `T`, `:` and `-`, such
+//! as `2026-09-15` or `2026-09-15T10:15`; at most 120 characters, the same rule as the schema's
+//! CHECK), and `parse_date`, which accepts strict `YYYY-MM-DD` within `date_range()`, 1970-01-01 to
+//! 2199-12-31, and otherwise fails with `KeyError::DateRange` (`date D is out of range: business
+//! dates run from 1970-01-01 to 2199-12-31`). The range is wide enough for any backfill or plan and
+//! narrow enough that time-zone and interval arithmetic never overflows; `--date`, `--from`, `--to`
+//! and `skip_dates` all go through `parse_date`. `instant_range()` is the same range as instants,
+//! `[1970-01-01T00:00:00Z, 2200-01-01T00:00:00Z)`, and `check_instant` refuses an instant outside
+//! it with `KeyError::InstantRange` (`instant T is out of range: business dates run from 1970-01-01
+//! to 2199-12-31, so an instant must be at or after 1970-01-01T00:00:00Z and before
+//! 2200-01-01T00:00:00Z`); `produce --now` goes through it. `shown(s)` is a rejected input as an
+//! error message repeats it: at most 80 characters, cut on a char boundary and followed by `…`.
+//! Every `KeyError` quotes its input through it, and so does `Registry::resolve`, so a megabyte
+//! argument makes a short message. `JobKey::daily` builds `<job>:<YYYY-MM-DD>`. This module does
+//! not touch the database or the clock.
 
 use std::fmt;
 

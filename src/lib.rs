@@ -3,6 +3,12 @@
 //! worker runtime, job API, database bootstrap, command line); it knows no job
 //! kind. A binary registers its job kinds in a [`job::Registry`] and calls
 //! [`cli::main`].
+//!
+//! Declares the modules and re-exports the API that job kinds use: `Job`, `JobContext`, `JobDemo`,
+//! `JobError`, `Outcome`, `Registry`, `Verification`, `Clock`, `Config`, `JobConfig`, `JobKey` and
+//! `JobName`. `schedule`, `producer`, `worker_registry`, `telemetry`, `exporter`, `command` and
+//! `roles` are public modules, like every other module except `demo` and `preflight`, which are
+//! private. `testing` exists only with the `testing` feature.
 
 pub mod cli;
 pub mod clock;

@@ -3,6 +3,22 @@
 //! against the configured database, and the check passes only if exactly one
 //! enqueues and exactly one claims. It also checks that migrations are
 //! current and that the database clock is sane, then removes its scratch run.
+//!
+//! `batchonce preflight`, private and called only from `src/cli/`. `run` checks that no migration
+//! is pending and that the database clock is sane: two readings of `clock_timestamp()` must not go
+//! backwards, and the first must be within 30 s of this host's clock. With a migration pending it
+//! fails without racing. Otherwise it starts `--processes` copies of its own executable as the
+//! hidden `preflight-racer` command. `race` connects, sleeps until a start instant 1.5 s after
+//! launch, enqueues the scratch key `batchonce-preflight:<unix ms>` through `queue::enqueue`, tries
+//! `queue::claim` once, and prints `{"enqueued": …, "claimed": …}`. The check passes only if
+//! exactly one racer enqueued, exactly one claimed and none failed. `run` then removes the scratch
+//! run through `queue::delete_preflight_run` and prints what it verified. A racer that exits
+//! non-zero or prints no JSON counts as failed and the scratch run is still removed. The race has
+//! one deadline of 60 s for all racers together. If it passes, the racers' `Child` handles are
+//! dropped, which kills them (`kill_on_drop`); `run` then waits 2 s, so that a statement a racer
+//! had already sent can finish in the database, before it removes the scratch run and returns the
+//! error `the racers did not finish within 60s (scratch run removed: N)`. A racer that cannot be
+//! awaited counts as failed (`FAIL a racer could not be awaited: …`).
 
 use std::process::Stdio;
 use std::time::Duration;

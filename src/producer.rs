@@ -5,6 +5,43 @@
 //! duplicates and change nothing, so any number of producers may run at once.
 //! `enqueue` shares [`runs_for_periods`], so a manual run is keyed exactly as
 //! a scheduled one.
+//!
+//! The producer.
+//!
+//! - `plan(job, cfg, now)` handles one job. It returns nothing if the job has no `schedule` or
+//!   `enabled` is false. Otherwise it takes the firings in `(now - catch_up, now]`, where a zero
+//!   `catch_up` means the last 15 minutes, and maps them to periods, dropping repeats. It keeps to
+//!   `key::date_range()`, so the producer never plans a date that `enqueue` refuses: a window that
+//!   starts before 1970-01-01T00:00:00Z starts there instead (a firing at that instant included,
+//!   and `window_start` reports the clamped start), `now` is capped at the range's last instant,
+//!   and a period whose business date lies outside the range is dropped (the 20:00 firing of
+//!   1969-12-31 in New York is 1970-01-01T01:00Z, and an 08:00 firing of 2200-01-01 in Seoul is
+//!   2199-12-31T23:00Z). Before this, `produce --now` enqueued 1969 dates and dates past 2199 (2230
+//!   was tried), and from the year 5000 on, where croner stops searching, silently nothing. It also
+//!   reports whether the window held more than `MAX_PERIODS_PER_TICK` (20,000) firings; the tick
+//!   then takes the earliest 20,000, and the newest periods are the ones missing. The cap counts
+//!   firings before they become periods. The configuration rejects a `catch_up` that holds more on
+//!   average over its one-week sample, whatever the `covers`, so only an uneven schedule, or a
+//!   kind's unchecked built-in defaults, reaches the cap.
+//! - `tick(pool, config, clock)` takes one "now" for all jobs: `SELECT now()` on the database, or
+//!   the `Clock::At` moment of `produce --now`. It plans every job, enqueues all their runs in one
+//!   `queue::enqueue` statement, and reports per job (`JobTick`) the keys enqueued, the keys
+//!   inserted as SKIPPED, the number of duplicates, the window's start and whether it was
+//!   truncated.
+//! - `run` is the loop of `produce`. It ticks every `--interval`, truncated or not; `log_tick`
+//!   warns `shorten catch_up` for a truncated job, and counts the tick:
+//!   `batchonce_producer_ticks_total` and `batchonce_producer_last_tick_timestamp_seconds` (Unix
+//!   time from the process's clock). `produce --once` also calls it, but serves no metrics. A
+//!   failed tick is logged and retried with a backoff from 200 ms, doubling up to the interval (at
+//!   least 1 s). Errors never end the loop; only its cancellation token, fired by SIGTERM/SIGINT,
+//!   does. A simulated start advances with real time.
+//! - `runs_for_periods` turns periods into `NewRun`s, with `JobConfig::skip_reason` as their
+//!   `skip_reason`. `produce` and `enqueue` both use it, so a run enqueued by hand gets exactly the
+//!   key a scheduled one would.
+//! - `periods_for_dates` gives `enqueue` its periods: one per date, or, for a `covers = "firing"`
+//!   job, every firing of the schedule within the local date's `day_bounds`. Such a job needs a
+//!   schedule.
+//! - `date_range` expands `enqueue --from --to`, at most `MAX_BACKFILL_DAYS` (366).
 
 use std::time::Duration;
 

@@ -24,6 +24,33 @@
 //! Nobody but the table owner may update, delete or truncate the audit
 //! table; its trigger refuses even the owner, and another stamps every row
 //! with the database's time and session.
+//!
+//! `batchonce roles`: least-privilege database roles, as SQL to review or to apply; what each role
+//! may do is docs/security.md (docs/security.md#database-roles). `sql(prefix, schema, RolesOptions
+//! { output_tables, keep_direct_writes })` builds it; `check_prefix` accepts 1–40 characters of
+//! `a-z`, `0-9` and `_` starting with a letter, the schema must be ASCII letters, digits and `_`,
+//! and every identifier is quoted all the same (`ident`).
+//!
+//! - It creates six `NOLOGIN` group roles, `<prefix>_migrator`, `_producer`, `_worker`,
+//!   `_operator`, `_readonly` and `_program`, each only if missing; grants `USAGE` on the schema to
+//!   all, `CREATE` to the migrator, `pg_read_all_stats` to the operator and read-only roles,
+//!   `pg_signal_backend` to the operator.
+//! - Once the schema holds `batchonce_enqueue` (this release's migrations ran), it grants on what
+//!   exists: every role but the program reads the tables, except that the worker reads no engine
+//!   table but `_sqlx_migrations` (so it never learns a run's token); nobody deletes or truncates;
+//!   nobody writes runs, attempts or the audit table; the worker inserts and updates only the
+//!   registered kinds' output tables (`Registry::output_tables`), never their sources; the worker
+//!   and producer write their own `batch_worker` and `batch_process_config` rows; each role
+//!   executes its own state-change functions (`WORKER_FUNCTIONS`, `PRODUCER_FUNCTIONS`,
+//!   `OPERATOR_FUNCTIONS`, `PROGRAM_FUNCTIONS`) and no function of the schema is executable by
+//!   `PUBLIC`.
+//! - `keep_direct_writes` (`--keep-direct-writes`) adds back the direct writes the previous
+//!   release's processes make, for the expand step of a rolling upgrade.
+//! - Default privileges keyed on the migrator let the roles read tables it creates later; writing a
+//!   new output table, or calling a new function, waits for the next `roles --apply`.
+//!
+//! `apply(pool, prefix, opts)` runs the SQL in one transaction in the session's `current_schema()`;
+//! every statement can be repeated.
 
 use sqlx::PgPool;
 

@@ -8,6 +8,33 @@
 //! for every job it serves and every outcome when it starts ([`serve_jobs`]),
 //! so the first event of a process's life is an increase that `increase()`
 //! sees, rather than a series that appears already at 1.
+//!
+//! Metrics, in four parts.
+//!
+//! - The names. Every metric is a `pub const` here (`RUNS_ENQUEUED` is
+//!   `batchonce_runs_enqueued_total`, and so on), listed in `ALL` and described once, with its
+//!   unit, in `describe()`. Names carry the `batchonce_` prefix and base units (`_seconds`,
+//!   `_total`). The same list, with types, labels and meanings, is docs/metrics.md;
+//!   `workers/tests/observability.rs` checks that every name in `ALL` has exactly one row there and
+//!   that the alert rules and the dashboard use only names in `ALL` (and the histogram's `_bucket`,
+//!   `_sum` and `_count`).
+//! - The recorder. `install()` installs the `metrics-exporter-prometheus` recorder once per process
+//!   (a `OnceLock`), with buckets of 0.5 s to 2 h for `batchonce_run_duration_seconds`, and
+//!   describes every metric. It returns `None` if another recorder was installed first. Until it
+//!   runs, the `metrics::counter!`, `gauge!` and `histogram!` calls elsewhere do nothing, which is
+//!   why the short commands (`enqueue`, `produce --once`, `demo`, …) export nothing.
+//! - The zeros. `serve_jobs(role, jobs)` installs the recorder and creates, at zero, every counter
+//!   a worker (each `outcome` of `batchonce_attempts_total`, lost and recovered leases, items,
+//!   heartbeats) or a producer (runs enqueued and deduplicated, ticks) increments, for each job it
+//!   serves, before the first claim or tick: `increase()` cannot see the first event of a series
+//!   that appears already at 1. `install()` also sets `batchonce_build_info{version, commit}` to 1
+//!   (`commit` from `build.rs`: `BATCHONCE_GIT_COMMIT` at build time, else `git rev-parse`, else
+//!   `unknown`).
+//! - The endpoint. `serve(addr, ready, stop)` installs the recorder and serves, with axum,
+//!   `/metrics` (the recorder's rendering), `/healthz` (`200 ok`) and `/readyz` (`200 ready` while
+//!   the `ready` flag is set, `503 database not reached yet` otherwise) until `stop`. If it cannot
+//!   bind `addr`, it logs `cannot serve metrics; continuing without them` and returns: the batch
+//!   work matters more than its metrics, so a busy port never stops a worker or a producer.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,6 +2,19 @@
 //! `DATABASE_URL`'s server when it is set, otherwise on a private cluster
 //! under `target/` started once from the installed PostgreSQL binaries and
 //! shared by every test process. Tests can run in parallel.
+//!
+//! `TestDb::new(migrators)` creates and migrates a fresh `bo_test_<pid>_<random>` database, and
+//! `TestDb::empty()` creates one with nothing in it, for a test that migrates it itself
+//! (`workers/tests/roles.rs` migrates as the migrator role). They use `DATABASE_URL`'s server, or a
+//! shared private cluster in `target/batchonce-test-pg` (`BATCHONCE_TEST_PGDIR`, at most 400
+//! connections; `cluster_options()` gives its `ClusterOptions`, for the tests of the cluster
+//! itself). Dropping the value drops the database. `server()` is the URL of that server, for a test
+//! that needs a connection outside its database, for example to drop the roles it created, which
+//! belong to the whole server. `wait_until` polls a condition every 50 ms until a timeout;
+//! `wait_for_count` (an `i64` query reaching a value, to act mid-run) and `wait_for_status` (a run
+//! reaching one of some statuses) are the two waits the process tests share; and `scratch_dir`
+//! makes a fresh folder for one test's files. The engine's integration tests and the job-kind
+//! crates' tests use it through a dev-dependency with `features = ["testing"]`.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -3,6 +3,80 @@
 //! schedule, recovers expired leases, wakes on NOTIFY (polling as fallback),
 //! and shuts down gracefully. Transient database errors are logged and retried
 //! with backoff; they never end the process.
+//!
+//! The worker runtime. `worker::run` owns one process's claim loop. It claims up to the number of
+//! free permits of a `Semaphore` sized `--concurrency`, and wakes on NOTIFY, on `--poll-interval`,
+//! when a task ends, or when a handler gives its slot back (`slot_freed`); it yields once before
+//! each claim so that the tasks ready to give their slots back do so first and one claim takes them
+//! all. A run gives its execution slot back as soon as its handler has returned, after taking a
+//! slot of a second semaphore, `FINISHING_PER_SLOT` (4) × `--concurrency`, for its finish, so the
+//! next claim overlaps the finish and the completer's batches can grow, while a process never holds
+//! more than 5 × `--concurrency` leases even when finishes stall. One claim and one finish
+//! statement are in flight at a time: keeping two of each in flight made more, smaller statements
+//! and drained slower (BENCHMARKS.md). It runs four service loops:
+//!
+//! - a completer (`completer_loop`) that writes finishes: `execute` hands it a `FinishRequest` and
+//!   waits for the reply; the completer takes the first request, every other one already waiting
+//!   (yielding up to four times while more arrive) and ends them all with one `queue::finish_many`.
+//!   Nothing waits on a timer, so an idle worker finishes a run as soon as its handler returns and
+//!   a busy one commits once per batch. A failed statement is reported to every caller in the batch
+//!   (`QueueError::Unavailable` when it was transient), and each retries as before. It stops only
+//!   after the last run task has ended;
+//!
+//! - a heartbeat loop on a dedicated pool, every `min(lease_ttl) / 3` but no more often than every
+//!   200 ms. Each tick first refreshes the worker's `last_seen` with `worker_registry::touch`,
+//!   whether or not it holds a lease, under a timeout of half a tick interval (`lease_ttl / 6`), so
+//!   a hung database cannot stall the loop and keep self-fencing from running; a failure or timeout
+//!   is logged (`could not refresh last_seen`, `refreshing last_seen timed out`) and the tick goes
+//!   on. Then, if it holds leases, the heartbeat query runs under a timeout of a quarter of the
+//!   smallest `lease_ttl` of the held runs, and a timeout counts as a failed heartbeat, so
+//!   self-fencing also fires when the query hangs (a silent network partition). The sleep
+//!   (`lease_ttl / 3`), the refresh (at most `lease_ttl / 6`) and the heartbeat (at most `lease_ttl
+//!   / 4`) add up to less than `lease_ttl`, so even a hung database cannot stretch one tick past
+//!   the lease and self-fencing is checked in time. Each heartbeat statement adds one to
+//!   `batchonce_heartbeats_total` or `batchonce_heartbeat_failures_total`;
+//! - a recovery loop running `recover_expired` for job kinds under policy `retry`, every
+//!   `min(lease_ttl) / 2` clamped to 1–15 s, counting each recovered run in
+//!   `batchonce_leases_recovered_total`;
+//! - a LISTEN loop that reconnects with backoff, on a connection of the main pool or, with
+//!   `--listen-url` (`WorkerOptions::listen_pool`), on a direct connection of its own.
+//!
+//! `execute` runs one attempt. It registers the lease in the in-memory `held` map that feeds
+//! heartbeats, gives the handler's `JobContext` the lease-lost token (`with_lease_lost`), which the
+//! heartbeat loop and self-fencing cancel before the cancellation token, and the lease's renewals
+//! (`with_lease_renewals`): seeded with the instant taken before the claim statement, then
+//! published by the heartbeat loop, with the instant taken before its statement, for every run it
+//! reports `extended`. Then it spawns the handler. It then waits for the handler, for the lease to
+//! be lost, or for an abort. It maps the result to a `Finish`. A lost lease finishes nothing. A
+//! cancel caused by shutdown, or an abort, becomes `Release`. A handler that returns
+//! `JobError::Cancelled` with neither a shutdown nor a lost lease becomes `Retry` with the usual
+//! backoff, so it cannot release and re-claim its run forever. `execute` also counts the attempt:
+//! `batchonce_attempts_total` and the `batchonce_run_duration_seconds` histogram (from the claim to
+//! the end, labels `job` and `outcome`), with `lease_lost` for a lost lease (which also adds to
+//! `batchonce_leases_lost_total`), and otherwise the outcome of the `finish` statement once it has
+//! committed. A `finish` refused because the lease was lost counts an attempt with outcome
+//! `lease_lost` and a lost lease too. `release` counts an attempt as `released` only once its
+//! release statement has succeeded; a release refused for a lost lease, or failed three times,
+//! counts none. The `run finished` log event carries `started_at` and `finished_at`. Shutdown is
+//! split into two cancellation tokens. `shutdown` stops claims and asks handlers to stop at a chunk
+//! boundary. `abort` drops handlers and rolls back their open chunk; it fires after `--grace` (the
+//! command line exits at once on a second signal, see `src/cli/`).
+//!
+//! What a shutdown guarantees: after `abort`, `worker::run` returns within `ABORT_BOUND` (5 s),
+//! whatever handlers wait for, so the process exits within `--grace` + 5 s of the first signal.
+//! Dropping a handler does not stop a statement it had sent: the server keeps running it, and a
+//! statement waiting for another session's lock keeps its fenced transaction, and so the run's row,
+//! locked, while every takeover (the release first) waits for that row. So `execute` reads the
+//! run's open fenced sessions (`FenceSessions::snapshot`, before the drop removes them), drops the
+//! handler, and ends those sessions that are still in the same transaction (pid and `xact_start`
+//! together, so a reused pid or a session that has moved on is never touched) with
+//! `blockers::terminate_own` on the heartbeat pool, within 1 s, logging `abandoned handler: ended
+//! its own blocked database session(s)`. It does this for a lost lease too, which frees the row for
+//! whoever takes the run over. After an abort, `release` bypasses the completer and calls
+//! `queue::finish_many_within` with a 1 s lock timeout per try, so a lock the worker cannot end (a
+//! command job's program's session) costs at most three tries. `run` waits `ABANDON_BOUND` (3 s)
+//! for the run tasks and then aborts them, leaving their leases to expire. It gives the service
+//! loops until 4 s and the registry row until 5 s.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

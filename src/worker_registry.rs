@@ -5,6 +5,37 @@
 //! deregisters when it stops; a SIGKILLed process's row stays with its last
 //! `last_seen`, which is the evidence `runs stale` shows. It also answers
 //! whether live processes disagree about a job's configuration.
+//!
+//! The process registry, the only module that writes `batch_worker` and `batch_process_config`.
+//!
+//! - `register_process(pool, id, role, version, live_for, jobs)` upserts the process's row: role
+//!   (`worker` or `producer`), host (from `gethostname`, at most 255 characters), pid, version (at
+//!   most 64), `started_at = last_seen = now()` and `live_until = now() + live_for`, the time by
+//!   which it promised a next sign of life. It replaces the process's `batch_process_config` rows
+//!   with the effective configuration of every job it serves (`job_settings`: every key that
+//!   changes what a run is or how it runs, with a command's `env` values and URL options recorded
+//!   only as a hash) and its fingerprint (the first 16 hex digits of the md5 of the jsonb text, so
+//!   equal settings give equal fingerprints everywhere). It also prunes rows of processes whose
+//!   `live_until` passed 30 days ago (a worker role cannot read runs to ask whether one still names
+//!   them). `register(pool, id, version)` is the same for a worker without configuration rows.
+//! - `touch` sets `last_seen = now()` and `live_until`. If no row matched, because someone deleted
+//!   it, it calls `register` again.
+//! - `deregister` deletes the row (and, by cascade, its configuration rows).
+//! - `config_drift` lists the jobs whose live processes (`live_until > now()`) recorded more than
+//!   one fingerprint, with each process and the keys whose values differ; `status` and `runs stale`
+//!   print it. `fingerprint_counts` gives the exporter's `batchonce_config_fingerprints` per job.
+//!
+//! Producers register too: `produce` as `producer-<host>-<pid>`, live for three intervals, touched
+//! each tick and deregistered at stop; `produce --once` as `producer-once-<host>`, one row per
+//! host, live for `ONE_SHOT_LIVE` (an hour). A failure to register is logged and never stops the
+//! producer.
+//!
+//! `worker::run` registers at start (a failure is only a warning: the first heartbeat tick
+//! re-registers), the heartbeat loop touches on every tick, and a clean stop deregisters after the
+//! service loops have ended. A SIGKILLed worker never deregisters, so its row keeps its last
+//! `last_seen`, which `queue::stale_runs` reports as evidence. The worker's sessions carry its id
+//! as `application_name` (`db.rs`), which is how `stale_runs` finds its live sessions in
+//! `pg_stat_activity`.
 
 use std::time::Duration;
 

@@ -11,6 +11,54 @@
 //! into it, without following a symlink (`verified`), and no path ever goes
 //! through a shell: the server is started directly, its settings as
 //! separate arguments.
+//!
+//! The private PostgreSQL cluster used by `demo` and the tests when there is no `DATABASE_URL`. It
+//! is for the demo and the tests only, never for production (docs/security.md, "The embedded
+//! cluster").
+//!
+//! `find_bindir` uses `$BATCHONCE_PG_BINDIR` if it is set; an explicit choice is final, with no
+//! search behind it. Otherwise it looks at `pg_config --bindir`, then at the highest
+//! `/usr/lib/postgresql/<major>/bin`.
+//!
+//! `Cluster::start` does the following:
+//!
+//! - **It picks the folder.** The folder is `opts.dir`. Only its parent is resolved (and created if
+//!   missing), so a symlink in the folder's own name is seen, not followed. As root, everything
+//!   runs as the `postgres` user. If `postgres` cannot reach the folder (a private home such as
+//!   `/root`), the cluster moves to `/tmp/batchonce-pg-<16 hex>` (`relocation_for`).
+//!   `Cluster::dir()` reports where it ended up.
+//! - **It verifies the folder** (`verified::ensure_dir`) and serializes starters with an `flock` on
+//!   `<dir>/lock`.
+//! - **It verifies the socket folder.** That is `<dir>/sock`, or `/tmp/batchonce-sock-<16 hex>` if
+//!   the path would be too long for a socket (`socket_dir_for`). Both `/tmp` names are the FNV-1a
+//!   hash of the folder's path, which is stable across Rust toolchains (std's `DefaultHasher` is
+//!   not), so the same project finds the same cluster again.
+//! - **It reads the password** from `<dir>/pgpass` (`PASSWORD_FILE`, libpq's password-file format).
+//!   If the file is missing, the cluster is new, half-made, or from an earlier version with trust
+//!   authentication; in that case `initialise` stops any server in `data/`, deletes `data/` and
+//!   runs `initdb --auth=scram-sha-256` with a new random password (`secret::Secret`). `initdb`
+//!   reads the password from a 0600 file owned by the server's user, removed right after. `pgpass`
+//!   is written last, so its presence means that the cluster is complete.
+//! - **It starts `postgres` directly** if the server is not running, and otherwise attaches to it.
+//!   The server gets `listen_addresses=''`, `unix_socket_permissions=0700`, the socket folder,
+//!   `max_connections` and, for tests, `fsync=off`. It runs in a process group of its own, with an
+//!   empty environment plus `LC_ALL`, `PATH` and `TZ`. Start-up waits until `postmaster.pid` (of
+//!   our own child's pid) says `ready`.
+//!
+//! `Cluster::url` is `postgres://postgres:<password>@localhost/<db>?host=<socket folder>`,
+//! percent-encoded as both sqlx and libpq decode it (a space is `%20`, never `+`). A socket folder
+//! that is not UTF-8 is refused at start. `Cluster`'s `Debug` shows `Secret(***)`.
+//!
+//! `Cluster::stop` is a fast shutdown, which disconnects every session cleanly; the data stays for
+//! the next start. `Cluster::stop_with(immediate)` picks the mode: with `true`, an immediate
+//! shutdown, which aborts without a checkpoint as a crash would, so the next start recovers from
+//! the WAL; with `false`, the fast shutdown of `stop`. The fault suite restarts a cluster both ways
+//! in the middle of a workload. `pg_ctl stop` and `pg_ctl status` use no shell. A server this
+//! process started is its child, and is reaped after a stop.
+//!
+//! Test clusters turn off fsync. The demo's cluster keeps it on.
+//!
+//! `workers/tests/embedded.rs` checks all three invariants.
 
 mod secret;
 mod verified;

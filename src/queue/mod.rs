@@ -3,6 +3,142 @@
 //! `WHERE` names the state it expects (and, for a worker, its lease token), so
 //! two actors racing on one run can never both win. All times come from the
 //! [`Clock`], which is the database's `now()` outside tests.
+//!
+//! The queue: every statement on `batch_job_run` and `batch_job_attempt`, and the writes to
+//! `batch_operator_action`. `mod.rs` holds the protocol (enqueue, claim, heartbeat, fence, finish,
+//! recovery, operator actions); `context.rs` the run-context columns (binding them at enqueue,
+//! reading them back, `freeze_held` for a claimed run without one, `legacy_runs`/`freeze_legacy`
+//! for `migrate`); `views.rs` the read views (`status`, `stale_runs`, `gauges`), which share one
+//! SQL rule for what is stale (`LIVE`), from each run's stored policies and never from a
+//! configuration file (a run without stored policies is judged by the engine's defaults); `status`
+//! lists exactly the runs `stale_runs` returns, with their conclusions.
+//!
+//! - `enqueue` inserts many runs in one statement with `ON CONFLICT DO NOTHING`, each with its
+//!   `RunContext` in the context columns, sends NOTIFY in the same transaction, and reports
+//!   inserted and duplicate keys in input order. After the commit it adds one per key to
+//!   `batchonce_runs_enqueued_total` or `batchonce_runs_deduplicated_total` (label `job`). A
+//!   `NewRun` with a `skip_reason` (a period the business calendar skips) is inserted as SKIPPED,
+//!   with the reason in `error_message` and `finished_at` set, instead of PENDING.
+//!   `NewRun::new(key, date, cfg)` builds a pending run with the context `cfg` gives it.
+//! - `claim` claims runs and inserts their attempt rows in one statement. Its pick is the database
+//!   function `batchonce_due_runs` (fifth migration), which reads due runs through the partial
+//!   index `batch_job_run_claim_idx` in claim order and stops at the limit, locking with `SKIP
+//!   LOCKED`; the function's `SET enable_bitmapscan = off, enable_sort = off` keep it on that plan.
+//!   As a plain query, under statistics that said few runs were pending (a table never analyzed, or
+//!   one analyzed while it was all history) the planner read every pending run with a bitmap scan
+//!   and sorted them on each claim: 3 ms per claim of 10 at 20,000 pending, quadratic over a
+//!   backlog. The claim then updates the picked runs by an array of keys (`job_key =
+//!   ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the whole table either. It
+//!   also sets `heartbeat_processed = processed_count`, so the items of earlier attempts never look
+//!   like progress of the new one in `stale_runs`.
+//! - `heartbeat` extends all of a process's leases in one statement, reporting each as extended,
+//!   busy or lost. It also copies each extended run's `processed_count` into `heartbeat_processed`.
+//!   `FencedTx::commit` does not set that column, so `processed_count > heartbeat_processed` means
+//!   the run advanced since its last heartbeat statement.
+//! - `begin_fenced` opens a `FencedTx`, which holds the run row locked. It first sets
+//!   `idle_in_transaction_session_timeout` for that transaction alone (`set_config(…, true)`) to
+//!   twice the run's lease, at least `MIN_FENCED_IDLE` (10 s): the session-wide value of
+//!   `db::connect_worker` follows the longest lease of every kind the worker runs (60 s beside the
+//!   default kinds, which `workers/tests/hosts.rs` ran into with a 2 s lease) and cannot be sent
+//!   through PgBouncer. `FencedTx::commit` updates the counters, extends the lease from
+//!   `clock_timestamp()` (the commit, not the transaction's start) and commits the items. The fence
+//!   query also returns `pg_backend_pid()` and `now()`, the session and transaction it runs in
+//!   (`FencedTx::session`, a `blockers::SessionTx`); `FencedTx::track` lists them in a
+//!   `blockers::FenceSessions` until the transaction ends, which `JobContext::fenced` does for the
+//!   worker. Through PgBouncer the pid is the server's, and one transaction keeps one server
+//!   connection.
+//! - `finish_many` ends up to `MAX_FINISH_BATCH` (1,000) attempts in one statement and one commit:
+//!   succeeded, skipped, retry, fatal or release, each conditional on its own `(job_key,
+//!   lease_token)` and closing its own attempt row. It returns each run's new status in input
+//!   order, or `None` for a token that no longer owns its run (nothing is written for that one, the
+//!   others are unaffected); a key twice is refused before anything is written. Rows are locked in
+//!   key order, so two batches never wait on each other in a cycle, and the statement starts from
+//!   its input rows and looks runs up by key, so its cost grows with the batch, not the table.
+//!   `finish` is `finish_many` of one. A release also raises the run's `max_attempts` by one,
+//!   capped at 1000. `finish_many_within` is the same statement in a transaction with
+//!   `lock_timeout` set (`SET LOCAL`, through `set_config`), for a worker's release after an abort.
+//! - `backoff_delay` computes the retry delay with jitter.
+//! - `recover_expired(jobs, legacy_retry, clock)` handles lease-expiry recovery for the worker's
+//!   jobs, following each run's stored `on_lease_expiry`; `legacy_retry` (the worker's own `retry`
+//!   jobs) serves only runs without a context. It locks with `FOR UPDATE SKIP LOCKED`, so a run
+//!   whose holder has a fence open is left until the fence ends.
+//! - `finish_many_detailed` is `finish_many` that also says whether each attempt's lease had
+//!   already expired when it finished (accepted, as nobody took the run over, but the worker counts
+//!   it as a lost lease).
+//! - `list_runs`, `show_run` and `status` serve inspection. `actions` lists a run's rows of
+//!   `batch_operator_action`, oldest first, for `runs show`.
+//! - `stale_runs(clock)` lists the RUNNING runs that started more than their stored `stale_after`
+//!   ago, or whose lease expired under their stored policy `hold` (a run without stored policies:
+//!   the engine's defaults, never a file). `status` lists exactly these, with their conclusions.
+//!   Each `StaleRun` carries the evidence: attempt, owner, seconds running, whether the lease
+//!   expired, heartbeat age, `processed_count` and whether it advanced since the last heartbeat,
+//!   the owner's `batch_worker.last_seen` and its age, and whether `pg_stat_activity` has a session
+//!   in the current database (`datname = current_database()`) whose `application_name` is the
+//!   owner. Its conclusion is `blocked` when a session of the owner waits on a lock
+//!   (`blockers::lock_wait`, whose `LockWait` the `StaleRun` carries as `lock_wait` with the
+//!   blocking sessions), before any other; `alive-slow` when that session is connected and the
+//!   heartbeat is younger than `lease_ttl`, `dead` when there is no session and neither the
+//!   heartbeat nor `last_seen` is younger than `lease_ttl`, and `unknown` otherwise.
+//! - `Action` (`Fail`, `Rerun`, `Skip`) and `OperatorRequest` describe an operator action.
+//!   `Action::allowed(force)` gives the states it may start from: fail RUNNING, or with force
+//!   RUNNING or PENDING; rerun FAILED, or with force FAILED, SUCCEEDED or SKIPPED; skip PENDING or
+//!   FAILED, whatever the force. A RUNNING run can be failed without force only if its lease has
+//!   expired or it started more than the request's `stale_after` ago.
+//! - `apply_action` runs one transaction. `check_action` locks the run with `SELECT … FOR UPDATE`
+//!   and checks the state, returning `Refused` (`<action> refused for KEY: it is STATUS …`) on a
+//!   mismatch. Then one conditional `UPDATE … WHERE job_key = $1 AND status = ANY(allowed)` writes
+//!   the new state. `fail` draws a new token when the run was RUNNING, which fences the holder, and
+//!   closes the open attempt as `operator_failed`. `rerun` sets PENDING, `next_run_at = now` and
+//!   `max_attempts = LEAST(attempts + the job's max_attempts, 1000)`, so the budget is renewed and
+//!   attempt numbers stay unique. Every action clears `lease_expires_at` and writes `error_message`
+//!   (`failed by operator O: R`, `re-run by operator O: R`, `skipped by operator O: R`). Last, the
+//!   audit row goes into `batch_operator_action` (operator, action, key, reason, before and after
+//!   status; `session_user_name` takes its default, `session_user`). Because of the row lock, of
+//!   two operators acting at once the second waits and is checked against the first one's result,
+//!   so the same action never applies twice. `preview_action` (`--dry-run`) runs `check_action` and
+//!   rolls back. `apply_action_in` and `preview_action_in` do the same in a transaction the caller
+//!   opened, which is how `blockers::act` sets a lock timeout; `check_action(…, lock: false)` reads
+//!   the row without locking it.
+//! - `blockers` (`src/queue/blockers.rs`) is about sessions that hold locks others wait for.
+//!   `FenceSessions` and `terminate_own` serve the worker (see `worker.rs`). `blockers_of(pid)`
+//!   lists the sessions that `pg_blocking_pids` names for a session, each with the sessions that
+//!   block it in turn, as `pg_stat_activity` shows them (`Session`: pid, `application_name`, user,
+//!   backend type, state, transaction start and age, statement start and age, wait event, blocking
+//!   pids, the first 200 characters of the query). `lock_wait(key, owner)` finds the owner's
+//!   session that waits on a lock, preferring one known to work on the run: its `backend_xid` is
+//!   the row's `xmax`, or the owner holds no other run. The row's `xmax` names its one locker only
+//!   until a heartbeat locks the row too, after which it is a multixact, which SQL cannot tell from
+//!   a transaction id. `act` runs an operator action in a transaction whose first statement sets
+//!   `lock_timeout` and reads `pg_backend_pid()`. While the action runs, it asks `blockers_of`
+//!   about that pid every 100 ms on a second connection. A lock timeout (SQLSTATE 55P03) becomes
+//!   `ActError::Blocked` with the last sessions seen. With `terminate_blocker`, `act` first checks
+//!   the action without the lock, because a refused action is not worth a terminated session. It
+//!   then tries the action once more. As soon as that try waits for one of the same client sessions
+//!   (pid and `xact_start`), `terminate_audited` commits a `terminate-blocker` audit row whose
+//!   `detail` describes them. In a second transaction it then takes the row `FOR NO KEY UPDATE`
+//!   (compatible with the fence's `FOR KEY SHARE`), terminates them (`pg_terminate_backend` in a
+//!   `MATERIALIZED` CTE, so the filter is applied before the call), and rolls back once they are
+//!   gone and their worker's next statement waits behind it or the action, or after 1 s, clearing
+//!   the `pg_stat_activity` snapshot (`pg_stat_clear_snapshot()`) before each look. Without that
+//!   hold, a statement that arrived between the session's death and the woken action's re-lock
+//!   needed no wait and took the row first: the worker's finish of its failed handler, a retry that
+//!   left the run PENDING.
+//! - `gauges(pool, also, clock)` reads, in one statement, everything the exporter publishes for
+//!   every job the database knows (the distinct `job_name`s of `batch_job_run` by a loose index
+//!   scan, those of `batch_process_config`) and each of `also`: runs per status (every `RunStatus`,
+//!   zeros included), the age of the oldest due PENDING run (0 when none), stale runs by the same
+//!   rule as `stale_runs`, the last SUCCEEDED `finished_at` as Unix time (`None` if never), the
+//!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
+//!   (SUCCEEDED or SKIPPED) that has begun, the most `attempts` among PENDING and RUNNING runs, and
+//!   RUNNING runs with an expired lease. A job without runs gets zeros, so the alert rules always
+//!   see a series.
+//! - `delete_preflight_run` deletes one scratch run of `preflight` and its attempt rows in one
+//!   transaction. It refuses any key whose job is not `PREFLIGHT_JOB` (`batchonce-preflight`), and
+//!   its `DELETE` also names that job.
+//! - `truncate` cuts messages to 1,000 characters on a char boundary. `src/cli/` also cuts every
+//!   error line with it.
+//! - `QueueError::is_transient` classifies connection trouble, shutdown, serialization failures and
+//!   deadlocks as worth retrying.
 
 use std::collections::HashSet;
 use std::time::Duration;

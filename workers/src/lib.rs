@@ -2,6 +2,9 @@
 //! crate like this one: job kinds implementing [`batchonce::Job`], their
 //! migrations, and a `main` that registers them. (Scripts in other languages
 //! need no crate: they are command jobs, declared in `batchonce.toml`.)
+//!
+//! `registry()` with every bundled kind (`DailySettlement`, `NotificationSend::new()`,
+//! `InventorySync`), and `migrations()`, their `Migrator`s, which the tests pass to `TestDb::new`.
 
 pub mod inventory;
 pub mod notification;

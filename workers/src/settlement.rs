@@ -5,6 +5,18 @@
 //! item key is the order alone (`settlement_item_order_key`): an order is
 //! settled once, ever, whatever run, date or configuration reaches it, and a
 //! retry after a crash resumes without a second row.
+//!
+//! `DailySettlement`. Its defaults are the time zone Asia/Seoul, `schedule = "0 1 * * *"`, `covers
+//! = previous-day` and `catch_up = 7d`: at 01:00 in Seoul it settles the day before, and it catches
+//! up a week of missed days. It re-exports `start_of_day` and `day_bounds` from
+//! `batchonce::schedule`, which compute the DST-safe bounds of a business day. The handler first
+//! checks the date's orders for a negative `amount_minor` and, if it finds one, returns
+//! `JobError::Fatal` (`order N has a negative amount; …`) before the attempt writes anything: bad
+//! source data fails the run at once instead of being retried. It then runs keyset-paginated chunks
+//! inside fenced transactions, followed by an idempotent summary upsert. It also implements
+//! `JobDemo`, with a seed and a verify that compares count, total, duplicates, wrong-date items and
+//! summary totals against the source. Its migrations are embedded from
+//! `workers/migrations/settlement/`.
 
 use async_trait::async_trait;
 use batchonce::schedule::{Covers, CronSchedule};

@@ -5,6 +5,15 @@
 //!
 //! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|all> [--size tiny|full]`
 //! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
+//!
+//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `all`; `--size tiny|full`; `--runs
+//! N` and `--concurrency 8,32` for `drain`). The drain baseline's queue table has a partial index
+//! on its pending rows, as any real queue would; without it the baseline's own claims scanned past
+//! every finished row and the ratio flattered the engine. Each scenario runs the engine and, in the
+//! same run, a bare-SQL baseline doing the same work, and prints one JSON line (see BENCHMARKS.md).
+//! It registers a no-op job kind of its own, `bench-noop`, for the framework's per-run cost, and
+//! starts the real `batchonce` binary as the worker for `settle`, so that the worker's peak RSS is
+//! its own. `workers/tests/bench.rs` runs every scenario once at tiny size.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,31 @@
 //!    delivery is never sent under a second key.
 //! 3. Rejections count in the run's `failed_count`; more than
 //!    `max_item_failures` for the date fails the run.
+//!
+//! `NotificationSend`, the `notification-send` kind. Its defaults are `chunk_size = 100` and
+//! `max_item_failures = 100`, with no schedule, and its own keys are `sender`, `outbox_dir`,
+//! `webhook_url`, `webhook_timeout` (at most 5 m), `webhook_retries` (0–10), `webhook_token_env`
+//! and `webhook_allow_http`, checked by `check_options` at load time (including
+//! `webhook::check_transport`: `http://` only with `webhook_allow_http`, and then with a token only
+//! to a loopback host). `build_sender` makes the sender the options name when a run starts. There
+//! is no default sender: without `sender`, or with a `webhook_token_env` naming an unset variable,
+//! the run fails with `JobError::Fatal`. `NotificationSend::with_sender` overrides the configured
+//! sender (tests, embedding applications). Each attempt runs three steps. `claim_deliveries`
+//! inserts one `pending` `notification_delivery` per `notification_request` of the date in fenced
+//! chunks, `ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING`, with the idempotency
+//! key computed in SQL (`IDEMPOTENCY_KEY_SQL`: `bo-YYYYMMDD-` and the SHA-256 of campaign, customer
+//! id and channel). `send_pending` reads the pending deliveries a chunk at a time, sends each with
+//! its key and stops sending at once on cancellation. Then `mark` records the chunk in one fenced
+//! `UPDATE … WHERE state = 'pending'`: `sent` with the provider's message id if
+//! `sender::checked_message_id` accepts it (1–256 printable ASCII characters, whatever the sender;
+//! otherwise the idempotency key, since a sent row must name an id: `stored_message_id`), `failed`
+//! for a rejection (counted as failed items), or still `pending` with the error for a transient
+//! failure. After the sends, more rejected deliveries for the date than `max_item_failures` make
+//! the attempt `Fatal`, any still pending make it `Retryable`, and otherwise the run succeeds; a
+//! date without requests is `Skipped`. The `JobDemo` seeds 240 customers a day (one requested
+//! twice, two undeliverable addresses) and verifies the deliveries against the requests and,
+//! through `outbox_report`, the outbox folder: every sent delivery delivered, and no (campaign,
+//! customer, channel) sent under a second key.
 
 pub mod sender;
 pub mod webhook;

@@ -9,6 +9,17 @@
 //! POST with the key in the `Idempotency-Key` header, a timeout and retries.
 //! Whatever the sender, the message id it answers is stored only if
 //! [`checked_message_id`] accepts it.
+//!
+//! the `Sender` trait (`send(&Message) -> Result<Receipt, SendError>`), whose contract is that a
+//! second send with the same idempotency key is the same message: nothing new is delivered and the
+//! first message id comes back. `SendError::Rejected` will never succeed (the delivery is marked
+//! failed), `SendError::Transient` may (it stays pending). `OutboxSender` checks the address for
+//! its channel (`validate_address`), writes `<dir>/sent/<key>.json` by hard-linking a temporary
+//! file (created `create_new` with mode `0600`, so the linked inode is never readable by others),
+//! which fails if the file exists, so two processes sending one key deliver it once, and appends
+//! every call to `<dir>/calls.log` (also `0600`). The folders it creates are `0700` (`private_dir`,
+//! a recursive `DirBuilder`); existing ones keep their mode. `checked_message_id` is the rule for a
+//! stored provider id.
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};

@@ -19,6 +19,21 @@
 //! - **A checked message id** ([`super::sender::checked_message_id`]).
 //! - **No secret in `Debug`**: the token is a [`Secret`], and the URL is
 //!   shown without its password and query.
+//!
+//! `WebhookSender`, built from a `WebhookConfig` (url, timeout, retries, `bearer: Option<Secret>`,
+//! `allow_http`), POSTs the message as JSON with reqwest, with `Idempotency-Key`, an optional
+//! bearer token, a request timeout and a connect timeout of at most 10 s. Its client follows no
+//! redirect (`redirect::Policy::none()`) and is `https_only` unless `allow_http`; `new` applies
+//! `check_transport` again. A 3xx is transient at once (`Failure::GiveUp`: no retries within the
+//! send, the delivery stays pending, the message names the redirect's target without its query).
+//! The body is read by `read_capped`, chunk by chunk, up to `MAX_RESPONSE_BYTES` (64 KiB); a longer
+//! one, by `Content-Length` or as it streams, is a retryable provider error and the response is
+//! dropped unread. A 2xx answer is sent, with the id from the body's `message_id`, else the
+//! `X-Message-Id` header, each only if `checked_message_id` accepts it, else the key;
+//! `Idempotent-Replayed: true` marks a replay. 408, 429, 5xx, network errors and oversized bodies
+//! are retried up to `retries` times, with a delay from 200 ms doubling to 5 s, and are then
+//! transient. Any other status is a rejection. `Secret`'s and both types' `Debug` show no token,
+//! and URLs in messages and in `Debug` have their password and query redacted.
 
 use std::time::Duration;
 
