@@ -46,18 +46,18 @@
 //!   closes the socket, and SIGKILLs the group from the worker too. The handler waits for the
 //!   program's end, for `timeout`, or for cancellation:
 //! - On exit, the supervisor has already killed what was left in the group, and the real status
-//! (code or signal) is mapped with `map_exit`: 0 is `Succeeded`; `skipped_exit_code` is `Skipped`,
-//! with the last stdout line as the reason (a generic one if that line is blank or there is none);
-//! a code in `fatal_exit_codes` is `Fatal`; any other code, or a death by signal, is `Retryable`.
+//!   (code or signal) is mapped with `map_exit`: 0 is `Succeeded`; `skipped_exit_code` is `Skipped`,
+//!   with the last stdout line as the reason (a generic one if that line is blank or there is none);
+//!   a code in `fatal_exit_codes` is `Fatal`; any other code, or a death by signal, is `Retryable`.
 //! - If the supervisor reports `expired` (it killed the program because no renewal came in time),
-//! the attempt is `Retryable` (`` `x` was killed by the supervisor: the worker stopped renewing its
-//! lease… ``); if the supervisor vanished without a report, the worker SIGKILLs the group and the
-//! attempt is `Retryable`.
+//!   the attempt is `Retryable` (`` `x` was killed by the supervisor: the worker stopped renewing its
+//!   lease… ``); if the supervisor vanished without a report, the worker SIGKILLs the group and the
+//!   attempt is `Retryable`.
 //! - On timeout, `terminate` sends `term` (SIGTERM to the group), then `kill` (SIGKILL) after
-//! `kill_grace`, and the attempt is `Retryable`.
+//!   `kill_grace`, and the attempt is `Retryable`.
 //! - On cancellation with `ctx.is_lease_lost()`, the group gets SIGKILL at once and the handler
-//! returns `LeaseLost`. On cancellation by a shutdown, `terminate` stops the group as on a timeout
-//! and the handler returns `Cancelled`, which the worker turns into a release.
+//!   returns `LeaseLost`. On cancellation by a shutdown, `terminate` stops the group as on a timeout
+//!   and the handler returns `Cancelled`, which the worker turns into a release.
 //! - `spawn_error` makes a program that is not found or not executable `Fatal`, since another
 //!   attempt would find the same, and any other spawn error `Retryable`. The supervisor reports the
 //!   program's spawn error with its errno, so the mapping is the same as when the worker spawned

@@ -11,24 +11,24 @@
 //!
 //! 1. It re-creates the `batchonce_demo` database and migrates it.
 //! 2. It writes `.batchonce/demo.toml`. That file holds the configured policies with a 3 s lease,
-//! 25-item chunks, a 40 ms pause, a 1 s backoff, a 5 s backoff cap and `max_attempts` of at least
-//! 3, so the killed run gets its second attempt. Each demo-capable kind's `JobDemo::prepare`
-//! adjusts its table first (`notification-send` sets `sender = "outbox"` with `outbox_dir` in
-//! `.batchonce/outbox`), and the file carries `max_item_failures` and the kinds' own options.
-//! Command jobs of the user's file are left out: they have no demo.
+//!    25-item chunks, a 40 ms pause, a 1 s backoff, a 5 s backoff cap and `max_attempts` of at least
+//!    3, so the killed run gets its second attempt. Each demo-capable kind's `JobDemo::prepare`
+//!    adjusts its table first (`notification-send` sets `sender = "outbox"` with `outbox_dir` in
+//!    `.batchonce/outbox`), and the file carries `max_item_failures` and the kinds' own options.
+//!    Command jobs of the user's file are left out: they have no demo.
 //! 3. It seeds each demo-capable kind for the periods its `JobDemo::periods` gives, by default the
-//! three business dates before today, where today is taken from the database clock in the kind's
-//! time zone. With the bundled kinds that is nine runs: three dates each of `daily-settlement` and
-//! `notification-send`, and the last three quarter-hours of `inventory-sync`.
+//!    three business dates before today, where today is taken from the database clock in the kind's
+//!    time zone. With the bundled kinds that is nine runs: three dates each of `daily-settlement` and
+//!    `notification-send`, and the last three quarter-hours of `inventory-sync`.
 //! 4. It enqueues the runs twice, keyed by `producer::runs_for_periods` exactly as the producer
-//! keys them, but without calendar skips.
+//!    keys them, but without calendar skips.
 //! 5. It spawns two `worker` processes from its own executable, each with `--metrics-addr
-//! 127.0.0.1:0` so they never compete for a port (the bound address is logged).
+//!    127.0.0.1:0` so they never compete for a port (the bound address is logged).
 //! 6. It SIGKILLs the holder of a run that has at least 50 items written, whatever its kind.
 //! 7. It waits for every run to reach a terminal state, within 45 s.
 //! 8. It SIGTERMs the remaining worker and expects exit 0.
 //! 9. It verifies each run through `JobDemo::verify` with its key and date, and requires the killed
-//! run to have taken exactly 2 attempts.
+//!    run to have taken exactly 2 attempts.
 
 use std::path::PathBuf;
 use std::process::Stdio;

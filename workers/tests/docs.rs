@@ -327,3 +327,16 @@ fn the_readme_stays_short() {
         "README.md has {words} words; at most 1,800: move detail into a page of docs/"
     );
 }
+
+/// ARCHITECTURE.md is a map: the detail of a module lives in its `//!`.
+#[test]
+fn the_architecture_map_stays_short() {
+    let words = std::fs::read_to_string(root().join("ARCHITECTURE.md"))
+        .unwrap()
+        .split_whitespace()
+        .count();
+    assert!(
+        words <= 5_000,
+        "ARCHITECTURE.md has {words} words; at most 5,000: move a module's detail into its //! docs"
+    );
+}
