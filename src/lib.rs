@@ -1,40 +1,50 @@
 //! batchonce: scheduled business batch jobs that run exactly once per business
-//! key, coordinated only through PostgreSQL. This crate is the engine (queue,
-//! worker runtime, job API, database bootstrap, command line); it knows no job
-//! kind. A binary registers its job kinds in a [`job::Registry`] and calls
-//! [`cli::main`].
+//! key, coordinated only through PostgreSQL. This crate is the engine; it
+//! knows no job kind. A binary registers its job kinds in a
+//! [`runtime::job::Registry`] and calls [`cli::main`].
 //!
-//! Declares the modules and re-exports the API that job kinds use: `Job`, `JobContext`, `JobDemo`,
-//! `JobError`, `Outcome`, `Registry`, `Verification`, `Clock`, `Config`, `JobConfig`, `JobKey` and
-//! `JobName`. `schedule`, `producer`, `worker_registry`, `telemetry`, `exporter`, `command` and
-//! `roles` are public modules, like every other module except `demo` and `preflight`, which are
-//! private. `testing` exists only with the `testing` feature.
+//! The layers, from the bottom up. A module imports only from its own layer
+//! or the ones below it; each folder's `mod.rs` says what its layer owns and
+//! what it must never do.
+//!
+//! 1. Foundations: `key` (job and key names), `clock` (the database clock,
+//!    injectable in tests), `db` (connections, migrations, statements),
+//!    `text` (printable text and truncation), `telemetry` (logs and metric
+//!    names), `schedule` (cron firings and business periods, pure).
+//! 2. `config/`: what the operator declares (`batchonce.toml`) and the run
+//!    context a run is frozen with when it is enqueued.
+//! 3. `queue/`: every statement on the run and attempt tables.
+//! 4. `runtime/`: the producer, the worker, the job API, command jobs and the
+//!    process registry.
+//! 5. `ops/`: demo, preflight, roles, exporter and the embedded cluster.
+//! 6. `cli/`: the command line, one file per command group.
+//!
+//! The API a job kind uses is re-exported here: `Job`, `JobContext`,
+//! `JobDemo`, `JobError`, `Outcome`, `Registry`, `Verification`, `Clock`,
+//! `Config`, `JobConfig`, `JobKey` and `JobName`. `testing` exists only with
+//! the `testing` feature.
+
+pub mod clock;
+pub mod db;
+pub mod key;
+pub mod schedule;
+pub mod telemetry;
+pub mod text;
+
+pub mod config;
+
+pub mod queue;
+
+pub mod runtime;
+
+pub mod ops;
 
 pub mod cli;
-pub mod clock;
-pub mod command;
-pub mod config;
-pub mod context;
-pub mod db;
-mod demo;
-pub mod embedded;
-pub mod exporter;
-pub mod job;
-pub mod key;
-mod preflight;
-pub mod producer;
-pub mod queue;
-pub mod roles;
-pub mod schedule;
-pub mod supervisor;
-pub mod telemetry;
+
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod text;
-pub mod worker;
-pub mod worker_registry;
 
 pub use clock::Clock;
 pub use config::{Config, JobConfig};
-pub use job::{Job, JobContext, JobDemo, JobError, Outcome, Registry, Verification};
 pub use key::{JobKey, JobName};
+pub use runtime::job::{Job, JobContext, JobDemo, JobError, Outcome, Registry, Verification};

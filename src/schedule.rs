@@ -66,6 +66,11 @@ use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
+/// Most firings one job's catch-up window may hold (a 7-day window of a job
+/// every minute is 10,080); config validation enforces it, and the producer
+/// walks at most this many firings per job and tick.
+pub const MAX_PERIODS_PER_TICK: usize = 20_000;
+
 /// Which business period a firing is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Covers {

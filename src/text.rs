@@ -329,6 +329,17 @@ fn name(c: char) -> Option<&'static str> {
     })
 }
 
+/// Longest error message stored (the schema's CHECK on `error_message`).
+pub const MAX_ERROR_CHARS: usize = 1000;
+
+/// Truncates to the stored limit on a character boundary.
+pub fn truncate(s: &str) -> String {
+    match s.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((i, _)) => s[..i].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,5 +577,13 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        let s = "가".repeat(1500);
+        let t = truncate(&s);
+        assert_eq!(t.chars().count(), MAX_ERROR_CHARS);
+        assert_eq!(truncate("short"), "short");
     }
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use batchonce::config::Config;
-use batchonce::producer;
 use batchonce::queue::{self, ClaimSpec};
+use batchonce::runtime::producer;
 use batchonce::schedule::{Covers, CronSchedule};
 use batchonce::testing::TestDb;
 use batchonce::{Clock, JobConfig, JobName};

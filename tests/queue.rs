@@ -1274,7 +1274,7 @@ async fn a_legacy_run_gets_its_context_frozen_once() {
     let utc = batchonce::JobConfig::default();
     let ctx = |cfg: &batchonce::JobConfig, key: &JobKey| {
         let period = key.as_str().split_once(':').unwrap().1;
-        batchonce::context::RunContext::for_key(cfg, lease.business_date, period).unwrap()
+        batchonce::config::context::RunContext::for_key(cfg, lease.business_date, period).unwrap()
     };
     let first = queue::context::freeze_held(&db.pool, &lease.fence(), &ctx(&seoul, &lease.key))
         .await

@@ -14,12 +14,12 @@ use super::{load_config, require_url, served_jobs, validate_worker_id, Cli, Comm
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::db;
-use crate::job::Registry;
 use crate::key::{parse_date, JobKey};
-use crate::producer;
 use crate::queue;
+use crate::runtime::job::Registry;
+use crate::runtime::producer;
+use crate::runtime::worker::{self, Shutdown, WorkerOptions};
 use crate::text::{escape_for_terminal as esc, json_for_terminal};
-use crate::worker::{self, Shutdown, WorkerOptions};
 
 pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     if cli.pgbouncer {
@@ -45,11 +45,11 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
     }
     // Jobs of the user's own (`command = [...]`) join the built-in kinds;
     // then only what the configuration declares exists for this process.
-    let known = crate::command::register_commands(registry, &config);
+    let known = crate::runtime::command::register_commands(registry, &config);
     let registry = known.only(config.jobs.keys());
     match &cli.command {
         Command::Demo => {
-            let ok = crate::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
+            let ok = crate::ops::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -136,7 +136,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;
             let server = spawn_metrics(*metrics_addr, &pool, &signals);
-            crate::exporter::run(pool, config, *interval, signals.shutdown.clone()).await;
+            crate::ops::exporter::run(pool, config, *interval, signals.shutdown.clone()).await;
             let _ = server.await;
             Ok(ExitCode::SUCCESS)
         }
@@ -153,8 +153,13 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 // One row per host for producers run by a timer, however
                 // many times they run.
                 let id = format!("producer-once-{}", host_name());
-                producer::register(&pool, &config, &id, crate::worker_registry::ONE_SHOT_LIVE)
-                    .await;
+                producer::register(
+                    &pool,
+                    &config,
+                    &id,
+                    crate::runtime::worker_registry::ONE_SHOT_LIVE,
+                )
+                .await;
                 let report = producer::tick(&pool, &config, clock)
                     .await
                     .context("producer tick failed")?;
@@ -204,7 +209,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::Preflight { processes } => {
             let url = require_url(&cli)?;
-            let ok = crate::preflight::run(url, &registry, *processes).await?;
+            let ok = crate::ops::preflight::run(url, &registry, *processes).await?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -213,7 +218,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::PreflightRacer { key, start_at_ms } => {
             let url = require_url(&cli)?;
-            crate::preflight::race(url, key, *start_at_ms).await?;
+            crate::ops::preflight::race(url, key, *start_at_ms).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Worker {
@@ -306,13 +311,13 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             keep_direct_writes,
         } => {
             let tables = registry.output_tables();
-            let opts = crate::roles::RolesOptions {
+            let opts = crate::ops::roles::RolesOptions {
                 output_tables: &tables,
                 keep_direct_writes: *keep_direct_writes,
             };
             if *apply {
                 let pool = db::connect(require_url(&cli)?, "batchonce-roles", 1).await?;
-                crate::roles::apply(&pool, prefix, &opts).await?;
+                crate::ops::roles::apply(&pool, prefix, &opts).await?;
                 println!(
                     "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator, {prefix}_readonly and {prefix}_program are in place{}",
                     if *keep_direct_writes { ", with the previous release's direct writes kept" } else { "" }
@@ -320,7 +325,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             } else {
                 print!(
                     "{}",
-                    crate::roles::sql(prefix, schema, &opts).map_err(|e| anyhow!(e))?
+                    crate::ops::roles::sql(prefix, schema, &opts).map_err(|e| anyhow!(e))?
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -331,7 +336,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 Ok(st) => st,
                 Err(e) => return Err(unless_unmigrated(&pool, &registry, e.into()).await),
             };
-            let drift = crate::worker_registry::config_drift(&pool).await?;
+            let drift = crate::runtime::worker_registry::config_drift(&pool).await?;
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
                 v["config_drift"] = serde_json::to_value(&drift)?;
@@ -393,7 +398,7 @@ async fn freeze_legacy_contexts(
             continue;
         };
         let period = run.key.as_str().split_once(':').map_or("", |(_, p)| p);
-        match crate::context::RunContext::for_key(cfg, run.business_date, period) {
+        match crate::config::context::RunContext::for_key(cfg, run.business_date, period) {
             Ok(c) => todo.push((run.key, c)),
             Err(_) => left += 1,
         }

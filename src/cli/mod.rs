@@ -55,7 +55,7 @@
 //! waited for a row) never comes before the command's own error. `roles` without `--apply` prints
 //! `roles::sql(prefix, schema)` and needs no database; with `--apply` it connects
 //! (`batchonce-roles`, one connection) and calls `roles::apply`. Every error becomes one
-//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `queue::truncate`
+//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `text::truncate`
 //! cuts it to 1,000 characters, so an error that quotes a huge input stays one bounded line, and
 //! `text::escape_for_terminal` escapes what a terminal would act on. Every print path that shows
 //! stored text (`runs show`, `runs list`, `runs stale`, `status`, the configuration drift, the
@@ -113,7 +113,7 @@
 //! waited for a row) never comes before the command's own error. `roles` without `--apply` prints
 //! `roles::sql(prefix, schema)` and needs no database; with `--apply` it connects
 //! (`batchonce-roles`, one connection) and calls `roles::apply`. Every error becomes one
-//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `queue::truncate`
+//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `text::truncate`
 //! cuts it to 1,000 characters, so an error that quotes a huge input stays one bounded line, and
 //! `text::escape_for_terminal` escapes what a terminal would act on. Every print path that shows
 //! stored text (`runs show`, `runs list`, `runs stale`, `status`, the configuration drift, the
@@ -143,7 +143,7 @@ use anyhow::{anyhow, bail};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{parse_duration, Config};
-use crate::job::Registry;
+use crate::runtime::job::Registry;
 use crate::text::escape_for_terminal as esc;
 
 mod commands;
@@ -445,7 +445,7 @@ fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
 /// Runs the command line with the given job kinds; the `batchonce` binary's
 /// whole `main`.
 pub fn main(registry: Registry) -> ExitCode {
-    crate::supervisor::run_if_invoked();
+    crate::runtime::supervisor::run_if_invoked();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -472,7 +472,7 @@ pub fn main(registry: Registry) -> ExitCode {
                 .map(str::trim)
                 .collect();
             let joined = first_paragraph.join(" ");
-            let line = crate::queue::truncate(joined.trim_start_matches("error: "));
+            let line = crate::text::truncate(joined.trim_start_matches("error: "));
             let help = help_command(std::env::args_os().skip(1));
             eprintln!("batchonce: error: {line} (see {help})");
             return ExitCode::from(2);
@@ -508,7 +508,7 @@ pub fn main(registry: Registry) -> ExitCode {
             }
             // One line, and bounded: an error may quote a huge input, and
             // stored text (a database's message) is shown, never obeyed.
-            let msg = crate::queue::truncate(&msg.replace(['\n', '\r'], " "));
+            let msg = crate::text::truncate(&msg.replace(['\n', '\r'], " "));
             eprintln!("batchonce: error: {}", esc(&msg));
             ExitCode::FAILURE
         }

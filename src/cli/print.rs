@@ -2,14 +2,14 @@
 
 use crate::text::escape_for_terminal as esc;
 
-pub(super) fn distinct_fingerprints(d: &crate::worker_registry::ConfigDrift) -> usize {
+pub(super) fn distinct_fingerprints(d: &crate::runtime::worker_registry::ConfigDrift) -> usize {
     let mut f: Vec<&str> = d.processes.iter().map(|p| p.fingerprint.as_str()).collect();
     f.dedup();
     f.len()
 }
 
 /// Prints which live processes disagree about which jobs, and on which keys.
-pub(super) fn print_drift(drift: &[crate::worker_registry::ConfigDrift]) {
+pub(super) fn print_drift(drift: &[crate::runtime::worker_registry::ConfigDrift]) {
     if drift.is_empty() {
         println!("configuration drift: none (live processes agree)");
         return;

@@ -10,9 +10,9 @@ use super::print::{distinct_fingerprints, print_drift, seconds, time, time_or_da
 use super::{validate_operator, validate_reason, RunsCommand};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::job::Registry;
 use crate::key::JobName;
 use crate::queue::{self, RunStatus};
+use crate::runtime::job::Registry;
 use crate::text::{escape_for_terminal as esc, json_for_terminal};
 
 pub(super) async fn runs_command(
@@ -25,7 +25,7 @@ pub(super) async fn runs_command(
     match command {
         RunsCommand::Stale { fail_if_dead } => {
             let stale = queue::stale_runs(pool, Clock::Db).await?;
-            let drift = crate::worker_registry::config_drift(pool).await?;
+            let drift = crate::runtime::worker_registry::config_drift(pool).await?;
             if json_out {
                 println!("{}", json_for_terminal(&stale)?);
                 // Standard output stays the list scripts read.
@@ -432,7 +432,7 @@ async fn list_runs(
 /// line and the sessions in detail on stderr, and with `--json` the same
 /// as one object on stdout. Exit 1.
 fn blocked(b: &queue::blockers::Blocked, json_out: bool) -> anyhow::Result<ExitCode> {
-    let line = crate::queue::truncate(&b.to_string());
+    let line = crate::text::truncate(&b.to_string());
     eprintln!("batchonce: error: {}", esc(&line));
     if json_out {
         let mut v = serde_json::to_value(b)?;

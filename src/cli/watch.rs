@@ -83,7 +83,7 @@ pub(super) async fn watch(
                     let _ = write!(out, "\r\x1b[2K");
                     let _ = out.flush();
                 }
-                let line = crate::queue::truncate(&e.to_string().replace(['\n', '\r'], " "));
+                let line = crate::text::truncate(&e.to_string().replace(['\n', '\r'], " "));
                 eprintln!(
                     "batchonce: warning: cannot read the run ({}); trying again in {}",
                     esc(&line),

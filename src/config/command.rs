@@ -1,7 +1,7 @@
-//! The keys of a command job (`command = [...]`, see [`crate::command`]):
+//! The keys of a command job (`command = [...]`, see [`crate::runtime::command`]):
 //! how its program runs, and what of the worker's environment it receives.
 //! A program gets no variable of the worker's by default besides a small
-//! fixed base (see [`crate::command::BASE_ENV`]): `pass_env` names the
+//! fixed base (see [`crate::runtime::command::BASE_ENV`]): `pass_env` names the
 //! others it needs, and `database_url_env` names the variable that holds
 //! the URL the program connects with, so that a program never gets the
 //! worker's own credentials by accident.
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{as_duration, as_int, as_str, JobConfig};
 
-/// How a command job runs its program (see [`crate::command`]).
+/// How a command job runs its program (see [`crate::runtime::command`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandSpec {
     /// The program and its arguments; run directly, not through a shell.
@@ -93,7 +93,7 @@ fn variable_name(name: &str) -> Result<(), String> {
     } else {
         Err(format!(
             "{:?} is not a variable name (letters, digits and _, not starting with a digit)",
-            crate::queue::truncate(name)
+            crate::text::truncate(name)
         ))
     }
 }

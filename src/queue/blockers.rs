@@ -22,6 +22,30 @@
 //! Sessions are named by pid and transaction start (`xact_start`) together,
 //! so a pid the server has since given to another session, or a session
 //! that has moved on to another transaction, is never terminated.
+//!
+//! In detail: `FenceSessions` and `terminate_own` serve the worker (see `runtime/worker/`). `blockers_of(pid)`
+//! lists the sessions that `pg_blocking_pids` names for a session, each with the sessions that
+//! block it in turn, as `pg_stat_activity` shows them (`Session`: pid, `application_name`, user,
+//! backend type, state, transaction start and age, statement start and age, wait event, blocking
+//! pids, the first 200 characters of the query). `lock_wait(key, owner)` finds the owner's
+//! session that waits on a lock, preferring one known to work on the run: its `backend_xid` is
+//! the row's `xmax`, or the owner holds no other run. The row's `xmax` names its one locker only
+//! until a heartbeat locks the row too, after which it is a multixact, which SQL cannot tell from
+//! a transaction id. `act` runs an operator action in a transaction whose first statement sets
+//! `lock_timeout` and reads `pg_backend_pid()`. While the action runs, it asks `blockers_of`
+//! about that pid every 100 ms on a second connection. A lock timeout (SQLSTATE 55P03) becomes
+//! `ActError::Blocked` with the last sessions seen. With `terminate_blocker`, `act` first checks
+//! the action without the lock, because a refused action is not worth a terminated session. It
+//! then tries the action once more. As soon as that try waits for one of the same client sessions
+//! (pid and `xact_start`), `terminate_audited` commits a `terminate-blocker` audit row whose
+//! `detail` describes them. In a second transaction it then takes the row `FOR NO KEY UPDATE`
+//! (compatible with the fence's `FOR KEY SHARE`), terminates them (`pg_terminate_backend` in a
+//! `MATERIALIZED` CTE, so the filter is applied before the call), and rolls back once they are
+//! gone and their worker's next statement waits behind it or the action, or after 1 s, clearing
+//! the `pg_stat_activity` snapshot (`pg_stat_clear_snapshot()`) before each look. Without that
+//! hold, a statement that arrived between the session's death and the woken action's re-lock
+//! needed no wait and took the row first: the worker's finish of its failed handler, a retry that
+//! left the run PENDING.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -501,7 +525,7 @@ pub async fn act(
     // Ending a session only to be refused would help nobody: check the
     // state first, without waiting for the row.
     let mut tx = pool.begin().await.map_err(QueueError::from)?;
-    let check = super::check_action(&mut tx, req, clock, false).await?;
+    let check = super::actions::check_action(&mut tx, req, clock, false).await?;
     tx.rollback().await.map_err(QueueError::from)?;
     if let Err(refused) = check {
         return Err(refused.into());
@@ -636,7 +660,7 @@ async fn terminate_audited(
     action: i32,
     targets: &[&Session],
 ) -> Result<Vec<Session>, QueueError> {
-    let detail = super::truncate(&printable(&format!(
+    let detail = crate::text::truncate(&printable(&format!(
         "terminated {}, which held the run's row, so that {} could proceed",
         targets
             .iter()

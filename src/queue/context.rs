@@ -1,4 +1,4 @@
-//! The run-context columns of `batch_job_run` (see [`crate::context`]): how
+//! The run-context columns of `batch_job_run` (see [`crate::config::context`]): how
 //! they are bound when runs are enqueued, read back from any statement that
 //! selects them, and frozen on runs that a previous release enqueued without
 //! them. Part of the queue, which alone writes the table.
@@ -9,8 +9,8 @@ use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
 
 use super::{Fence, QueueError};
+use crate::config::context::RunContext;
 use crate::config::LeaseExpiryPolicy;
-use crate::context::RunContext;
 use crate::key::{JobKey, JobName};
 use crate::schedule::Covers;
 

@@ -8,6 +8,28 @@
 //! worker freezes one) is judged by the engine's defaults
 //! ([`JobConfig::default`]: stale after 20 minutes, a 30-second lease,
 //! policy `retry`), never by a file.
+//!
+//! - `stale_runs(clock)` lists the RUNNING runs that started more than their stored `stale_after`
+//!   ago, or whose lease expired under their stored policy `hold` (a run without stored policies:
+//!   the engine's defaults, never a file). `status` lists exactly these, with their conclusions.
+//!   Each `StaleRun` carries the evidence: attempt, owner, seconds running, whether the lease
+//!   expired, heartbeat age, `processed_count` and whether it advanced since the last heartbeat,
+//!   the owner's `batch_worker.last_seen` and its age, and whether `pg_stat_activity` has a session
+//!   in the current database (`datname = current_database()`) whose `application_name` is the
+//!   owner. Its conclusion is `blocked` when a session of the owner waits on a lock
+//!   (`blockers::lock_wait`, whose `LockWait` the `StaleRun` carries as `lock_wait` with the
+//!   blocking sessions), before any other; `alive-slow` when that session is connected and the
+//!   heartbeat is younger than `lease_ttl`, `dead` when there is no session and neither the
+//!   heartbeat nor `last_seen` is younger than `lease_ttl`, and `unknown` otherwise.
+//! - `gauges(pool, also, clock)` reads, in one statement, everything the exporter publishes for
+//!   every job the database knows (the distinct `job_name`s of `batch_job_run` by a loose index
+//!   scan, those of `batch_process_config`) and each of `also`: runs per status (every `RunStatus`,
+//!   zeros included), the age of the oldest due PENDING run (0 when none), stale runs by the same
+//!   rule as `stale_runs`, the last SUCCEEDED `finished_at` as Unix time (`None` if never), the
+//!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
+//!   (SUCCEEDED or SKIPPED) that has begun, the most `attempts` among PENDING and RUNNING runs, and
+//!   RUNNING runs with an expired lease. A job without runs gets zeros, so the alert rules always
+//!   see a series.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};

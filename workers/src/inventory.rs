@@ -109,7 +109,7 @@ pub fn read_snapshot(path: &Path) -> Result<Vec<StockLevel>, SnapshotError> {
         if l.quantity < 0 || l.version < 0 {
             return Err(Invalid(format!(
                 "{shown}: entry {i} ({}): quantity and version must not be negative",
-                batchonce::queue::truncate(&l.sku)
+                batchonce::text::truncate(&l.sku)
             )));
         }
         match by_sku.get(&l.sku) {

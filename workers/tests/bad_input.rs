@@ -250,7 +250,7 @@ fn assert_refused(out: &Output, what: &str, want: Refusal) {
         .rfind(" (see batchonce")
         .filter(|i| body[*i..].ends_with(" --help)"));
     let body = help.map_or(body, |i| &body[..i]);
-    let cut = body.chars().count() >= batchonce::queue::MAX_ERROR_CHARS;
+    let cut = body.chars().count() >= batchonce::text::MAX_ERROR_CHARS;
     assert!(
         cut || want.says.iter().any(|s| line.contains(s)),
         "{what}: the error line says none of {:?} {why}\n{line}",

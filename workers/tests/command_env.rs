@@ -150,7 +150,7 @@ max_attempts = 3
     let named_keys = ["OUT", "EXTRA", "PASSED_ON", "DATABASE_URL"];
     for (job, env) in [("named", &named), ("bare", &bare)] {
         for name in env.keys() {
-            let allowed = batchonce::command::BASE_ENV.contains(&name.as_str())
+            let allowed = batchonce::runtime::command::BASE_ENV.contains(&name.as_str())
                 || name.starts_with("LC_")
                 || name.starts_with("BATCHONCE_")
                 || name == "PWD"

@@ -1,4 +1,4 @@
-//! The private cluster (src/embedded/) is its user's alone: another local
+//! The private cluster (src/ops/embedded/) is its user's alone: another local
 //! user (`nobody`) reaches neither the test suite's cluster nor the demo's,
 //! a folder or symlink planted where a cluster goes is refused before
 //! anything is written, a home path full of shell syntax is only a path,
@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use batchonce::embedded::{Cluster, ClusterOptions, EmbeddedError};
+use batchonce::ops::embedded::{Cluster, ClusterOptions, EmbeddedError};
 use nix::unistd::{Uid, User};
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
@@ -47,7 +47,7 @@ fn nobody() -> Option<User> {
 /// The `psql` of the installed server binaries (no wrapper script, so it
 /// runs the same for every user).
 fn psql() -> PathBuf {
-    let bindir = batchonce::embedded::find_bindir().unwrap_or_else(|e| panic!("{e}"));
+    let bindir = batchonce::ops::embedded::find_bindir().unwrap_or_else(|e| panic!("{e}"));
     let p = bindir.join("psql");
     if p.is_file() {
         p
@@ -113,7 +113,7 @@ fn only_its_user_connects(cluster: &Cluster, nobody: &User) {
     }
     let socket = cluster.socket_dir().join(".s.PGSQL.5432");
     assert_eq!(mode(&socket) & 0o777, 0o700, "{}", socket.display());
-    let pgpass = cluster.dir().join(batchonce::embedded::PASSWORD_FILE);
+    let pgpass = cluster.dir().join(batchonce::ops::embedded::PASSWORD_FILE);
     assert_eq!(mode(&pgpass), 0o600);
     assert_eq!(std::fs::metadata(&pgpass).unwrap().uid(), 0);
 
@@ -316,7 +316,7 @@ fn planted_folders_and_symlinks_are_refused_before_anything_is_written() {
 
     // The socket folder under /tmp of a folder too deep for a socket path.
     let deep = base.join(format!("{}/pg", "d".repeat(100)));
-    let sock = batchonce::embedded::socket_dir_for(&deep);
+    let sock = batchonce::ops::embedded::socket_dir_for(&deep);
     assert!(sock.starts_with("/tmp"), "{}", sock.display());
     let _gone = Cleanup(sock.clone());
     let _ = std::fs::remove_file(&sock);
@@ -329,7 +329,7 @@ fn planted_folders_and_symlinks_are_refused_before_anything_is_written() {
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let dir = private.join("pg");
-    let moved = batchonce::embedded::relocation_for(&dir);
+    let moved = batchonce::ops::embedded::relocation_for(&dir);
     let _gone = Cleanup(moved.clone());
     let _ = std::fs::remove_file(&moved);
     symlink(&v, &moved).unwrap();
@@ -476,7 +476,7 @@ fn as_server(bin: &Path, args: &[&OsStr]) -> Output {
 
 #[test]
 fn an_earlier_versions_open_cluster_is_stopped_and_replaced() {
-    let bindir = batchonce::embedded::find_bindir().unwrap();
+    let bindir = batchonce::ops::embedded::find_bindir().unwrap();
     let dir = std::fs::canonicalize(scratch("legacy")).unwrap().join("pg");
     // The earlier version's layout: 0755 folders, trust authentication, a
     // socket anyone could use, the server started and left running.

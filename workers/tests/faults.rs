@@ -473,13 +473,13 @@ async fn a_sigstopped_lease_holder_is_taken_over_and_its_writes_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgresql_restarts_fast_and_immediate_mid_workload() {
     let dir = scratch("fault-pg-restart");
-    let opts = batchonce::embedded::ClusterOptions {
+    let opts = batchonce::ops::embedded::ClusterOptions {
         dir: dir.join("pg"),
         durable: true,
         max_connections: 60,
     };
-    let start = |o: batchonce::embedded::ClusterOptions| async move {
-        tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&o))
+    let start = |o: batchonce::ops::embedded::ClusterOptions| async move {
+        tokio::task::spawn_blocking(move || batchonce::ops::embedded::Cluster::start(&o))
             .await
             .unwrap()
             .unwrap()

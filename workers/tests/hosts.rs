@@ -493,7 +493,7 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     );
     let runuser =
         tool("runuser").expect("BATCHONCE_NETNS_TEST=1, but util-linux's `runuser` is missing");
-    let pg_bin = batchonce::embedded::find_bindir().unwrap_or_else(|e| panic!("{e}"));
+    let pg_bin = batchonce::ops::embedded::find_bindir().unwrap_or_else(|e| panic!("{e}"));
     let started = Instant::now();
     let mut lab = Lab::new(ip, runuser, pg_bin);
     lab.build_network();

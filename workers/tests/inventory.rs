@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::testing::{wait_for_count, wait_until, TestDb};
-use batchonce::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, JobKey, Registry};
 use batchonce_workers::inventory::{self, InventorySync};
 use chrono::NaiveDate;

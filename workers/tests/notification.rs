@@ -14,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::testing::{wait_for_count, wait_for_status, TestDb};
-use batchonce::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, Job, JobKey, JobName, Registry};
 use batchonce_workers::notification::{
     self, outbox_report, Message, NotificationSend, OutboxSender, Receipt, SendError, Sender,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use batchonce::supervisor::{self, Ending, StartError, Supervised, MARKER};
+use batchonce::runtime::supervisor::{self, Ending, StartError, Supervised, MARKER};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

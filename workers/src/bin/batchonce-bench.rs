@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 use async_trait::async_trait;
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
-use batchonce::worker::{self, Shutdown, WorkerOptions};
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
@@ -501,17 +501,19 @@ async fn settle(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_js
     }))
 }
 
-async fn database() -> anyhow::Result<(String, Option<batchonce::embedded::Cluster>)> {
+async fn database() -> anyhow::Result<(String, Option<batchonce::ops::embedded::Cluster>)> {
     let server = match std::env::var("DATABASE_URL") {
         Ok(u) if !u.trim().is_empty() => (u, None),
         _ => {
-            let opts = batchonce::embedded::ClusterOptions {
+            let opts = batchonce::ops::embedded::ClusterOptions {
                 dir: std::path::PathBuf::from(".batchonce/bench-pg"),
                 durable: true,
                 max_connections: 100,
             };
-            let c = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&opts))
-                .await??;
+            let c = tokio::task::spawn_blocking(move || {
+                batchonce::ops::embedded::Cluster::start(&opts)
+            })
+            .await??;
             (c.url("postgres"), Some(c))
         }
     };

@@ -450,10 +450,10 @@ async fn send_pending(
                     state: "failed",
                     replayed: false,
                     message_id: None,
-                    error: Some(batchonce::queue::truncate(&e)),
+                    error: Some(batchonce::text::truncate(&e)),
                 },
                 Err(SendError::Transient(e)) => {
-                    let e = batchonce::queue::truncate(&e);
+                    let e = batchonce::text::truncate(&e);
                     let n = transient.as_ref().map_or(0, |(n, _)| *n);
                     transient = Some((n + 1, e.clone()));
                     Sent {

@@ -115,7 +115,7 @@ pub fn validate_address(channel: &str, address: &str) -> Result<(), String> {
     } else {
         Err(format!(
             "invalid {channel} address {:?}",
-            batchonce::queue::truncate(address)
+            batchonce::text::truncate(address)
         ))
     }
 }

@@ -191,7 +191,7 @@ impl WebhookSender {
                 .and_then(|l| self.url.join(l).ok())
                 .map(|u| format!(" to {}", redact_url(&u)))
                 .unwrap_or_default();
-            return Err(Failure::GiveUp(batchonce::queue::truncate(&format!(
+            return Err(Failure::GiveUp(batchonce::text::truncate(&format!(
                 "webhook answered {status}, a redirect{to}; redirects are not followed, so that \
                  a message and its token go nowhere but webhook_url: set webhook_url to the final URL"
             ))));

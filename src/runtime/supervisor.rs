@@ -480,7 +480,7 @@ pub enum StartError {
     Program(std::io::Error),
     #[error(
         "the supervisor {0} (a binary of your own that runs the worker must call \
-         `batchonce::supervisor::run_if_invoked()` first thing in `main`)"
+         `batchonce::runtime::supervisor::run_if_invoked()` first thing in `main`)"
     )]
     NotASupervisor(String),
     #[error("the lease deadline passed before the program could start")]
@@ -583,7 +583,7 @@ impl Supervised {
                 Some(Report::Expired) => Err(StartError::Expired),
                 _ => Err(StartError::NotASupervisor(format!(
                     "answered {:?} instead of `started`",
-                    crate::queue::truncate(&line)
+                    crate::text::truncate(&line)
                 ))),
             }
         };

@@ -6,7 +6,7 @@
 //! output against the source.
 //!
 //! `batchonce demo`. It starts or reuses the private cluster in `$BATCHONCE_HOME/pg` (default
-//! `.batchonce/pg`, possibly relocated by `src/embedded/`), or uses `DATABASE_URL`. It prints where
+//! `.batchonce/pg`, possibly relocated by `src/ops/embedded/`), or uses `DATABASE_URL`. It prints where
 //! the cluster's password file is, never the password. It then runs these steps:
 //!
 //! 1. It re-creates the `batchonce_demo` database and migrates it.
@@ -43,9 +43,9 @@ use tokio::process::{Child, Command};
 use crate::clock::Clock;
 use crate::config::{Config, JobConfig};
 use crate::db;
-use crate::embedded::{Cluster, ClusterOptions};
-use crate::job::Registry;
+use crate::ops::embedded::{Cluster, ClusterOptions};
 use crate::queue::{self, NewRun, RunStatus};
+use crate::runtime::job::Registry;
 
 const DEMO_DB: &str = "batchonce_demo";
 const WORKERS: usize = 2;
@@ -128,7 +128,7 @@ pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> any
                 } else {
                     "already running"
                 },
-                c.dir().join(crate::embedded::PASSWORD_FILE).display()
+                c.dir().join(crate::ops::embedded::PASSWORD_FILE).display()
             );
             let u = c.url("postgres");
             cluster = Some(c);
@@ -192,7 +192,7 @@ async fn run_on(
         );
         // Keyed as the producer keys them; the demo ignores skip calendars.
         runs.extend(
-            crate::producer::runs_for_periods(&name, &cfg, &periods)?
+            crate::runtime::producer::runs_for_periods(&name, &cfg, &periods)?
                 .into_iter()
                 .map(|r| NewRun {
                     skip_reason: None,

@@ -13,33 +13,8 @@
 //! next claim overlaps the finish and the completer's batches can grow, while a process never holds
 //! more than 5 × `--concurrency` leases even when finishes stall. One claim and one finish
 //! statement are in flight at a time: keeping two of each in flight made more, smaller statements
-//! and drained slower (BENCHMARKS.md). It runs four service loops:
-//!
-//! - a completer (`completer_loop`) that writes finishes: `execute` hands it a `FinishRequest` and
-//!   waits for the reply; the completer takes the first request, every other one already waiting
-//!   (yielding up to four times while more arrive) and ends them all with one `queue::finish_many`.
-//!   Nothing waits on a timer, so an idle worker finishes a run as soon as its handler returns and
-//!   a busy one commits once per batch. A failed statement is reported to every caller in the batch
-//!   (`QueueError::Unavailable` when it was transient), and each retries as before. It stops only
-//!   after the last run task has ended;
-//!
-//! - a heartbeat loop on a dedicated pool, every `min(lease_ttl) / 3` but no more often than every
-//!   200 ms. Each tick first refreshes the worker's `last_seen` with `worker_registry::touch`,
-//!   whether or not it holds a lease, under a timeout of half a tick interval (`lease_ttl / 6`), so
-//!   a hung database cannot stall the loop and keep self-fencing from running; a failure or timeout
-//!   is logged (`could not refresh last_seen`, `refreshing last_seen timed out`) and the tick goes
-//!   on. Then, if it holds leases, the heartbeat query runs under a timeout of a quarter of the
-//!   smallest `lease_ttl` of the held runs, and a timeout counts as a failed heartbeat, so
-//!   self-fencing also fires when the query hangs (a silent network partition). The sleep
-//!   (`lease_ttl / 3`), the refresh (at most `lease_ttl / 6`) and the heartbeat (at most `lease_ttl
-//!   / 4`) add up to less than `lease_ttl`, so even a hung database cannot stretch one tick past
-//!   the lease and self-fencing is checked in time. Each heartbeat statement adds one to
-//!   `batchonce_heartbeats_total` or `batchonce_heartbeat_failures_total`;
-//! - a recovery loop running `recover_expired` for job kinds under policy `retry`, every
-//!   `min(lease_ttl) / 2` clamped to 1–15 s, counting each recovered run in
-//!   `batchonce_leases_recovered_total`;
-//! - a LISTEN loop that reconnects with backoff, on a connection of the main pool or, with
-//!   `--listen-url` (`WorkerOptions::listen_pool`), on a direct connection of its own.
+//! and drained slower (BENCHMARKS.md). It runs four service loops: a completer (`finish.rs`), and a heartbeat loop, a recovery loop and a
+//! LISTEN loop (`loops.rs`).
 //!
 //! `execute` runs one attempt. It registers the lease in the in-memory `held` map that feeds
 //! heartbeats, gives the handler's `JobContext` the lease-lost token (`with_lease_lost`), which the
@@ -82,7 +57,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -90,13 +64,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
+use crate::config::context::RunContext;
 use crate::config::{Config, JobConfig, LeaseExpiryPolicy};
-use crate::context::RunContext;
-use crate::job::{JobContext, JobError, LeaseRenewal, Outcome, Progress, Registry};
 use crate::key::{JobKey, JobName};
-use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, HeldLease, Lease, QueueError};
+use crate::queue::{self, AttemptCounts, ClaimSpec, Finish, Lease, QueueError};
+use crate::runtime::job::{JobContext, JobError, LeaseRenewal, Outcome, Progress, Registry};
+use crate::runtime::worker_registry;
 use crate::telemetry;
-use crate::worker_registry;
+
+mod finish;
+mod loops;
+
+use finish::{completer_loop, finish_with_retries, release};
+use loops::{heartbeat_loop, listen_loop, rescue_loop, Backoff};
 
 /// Recorded in `batch_worker.version`.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -640,65 +620,6 @@ async fn execute(
     drop(finishing);
 }
 
-async fn finish_with_retries(
-    shared: &Shared,
-    lease: &Lease,
-    finish: &Finish,
-    counts: AttemptCounts,
-    lost: &CancellationToken,
-    elapsed_ms: u64,
-) -> Option<queue::RunStatus> {
-    let started_at =
-        (chrono::Utc::now() - chrono::Duration::milliseconds(elapsed_ms as i64)).to_rfc3339();
-    let mut backoff = Backoff::new();
-    loop {
-        match submit_finish(shared, lease, finish).await {
-            Ok(queue::Finished {
-                status,
-                lease_expired,
-            }) => {
-                if lease_expired {
-                    lease_lost(lease, "the lease expired before the attempt finished");
-                }
-                let error = match finish {
-                    Finish::Retry { error, .. } | Finish::Fatal { error } => Some(error.as_str()),
-                    Finish::Skipped { reason } => Some(reason.as_str()),
-                    _ => None,
-                };
-                info!(
-                    job_key = %lease.key, business_date = %lease.business_date,
-                    attempt = lease.attempt, worker_id = %shared.opts.worker_id,
-                    lease_token = lease.token, processed = counts.processed,
-                    failed = counts.failed, elapsed_ms, started_at = %started_at,
-                    finished_at = %chrono::Utc::now().to_rfc3339(), status = %status,
-                    outcome = outcome_name(finish, status), error, "run finished"
-                );
-                return Some(status);
-            }
-            Err(QueueError::LeaseLost(_)) => {
-                lease_lost(lease, "finish refused; the run belongs to someone else now");
-                metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "lease_lost")
-                    .increment(1);
-                return None;
-            }
-            Err(e) if e.is_transient() && !lost.is_cancelled() => {
-                let delay = backoff.next();
-                warn!(job_key = %lease.key, error = %e, retry_in_ms = delay.as_millis() as u64,
-                      "finish failed; retrying while the lease lasts");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = lost.cancelled() => {}
-                }
-            }
-            Err(e) => {
-                error!(job_key = %lease.key, error = %e,
-                       "finish failed; the lease will expire and the run be recovered");
-                return None;
-            }
-        }
-    }
-}
-
 fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
     match finish {
         Finish::Succeeded => "succeeded",
@@ -741,356 +662,6 @@ async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blocker
             "abandoned handler: could not end its database sessions; the release may wait for them"),
         Err(_) => warn!(job_key = %lease.key,
             "abandoned handler: ending its database sessions timed out; the release may wait for them"),
-    }
-}
-
-async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
-    // After an abort the process is about to exit: the release must not
-    // wait for a lock it cannot end (a command job's program's session), so
-    // it goes straight to the database with a lock timeout, not through the
-    // completer.
-    let aborted = shared.signals.abort.is_cancelled();
-    for attempt in 0..3 {
-        let result = if aborted {
-            release_now(shared, lease).await
-        } else {
-            submit_finish(shared, lease, &Finish::Release).await
-        };
-        match result {
-            Ok(f) => {
-                if f.lease_expired {
-                    lease_lost(lease, "the lease expired before the attempt was released");
-                }
-                metrics::counter!(telemetry::ATTEMPTS, "job" => lease.job.to_string(), "outcome" => "released")
-                    .increment(1);
-                info!(job_key = %lease.key, attempt = lease.attempt, processed = counts.processed,
-                      outcome = "released", "lease released for another worker");
-                return;
-            }
-            Err(QueueError::LeaseLost(_)) => {
-                lease_lost(
-                    lease,
-                    "release refused; the run belongs to someone else now",
-                );
-                return;
-            }
-            Err(e) => {
-                warn!(job_key = %lease.key, error = %e, try_no = attempt + 1, "release failed");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-    warn!(job_key = %lease.key, "could not release the lease; it will expire and be recovered");
-}
-
-/// A release in its own statement, waiting at most
-/// [`ABANDONED_RELEASE_LOCK_TIMEOUT`] for the run's row.
-async fn release_now(shared: &Shared, lease: &Lease) -> Result<queue::Finished, QueueError> {
-    let items = [(lease.fence(), Finish::Release)];
-    match queue::finish_many_within(
-        &shared.pool,
-        &items,
-        shared.clock,
-        Some(ABANDONED_RELEASE_LOCK_TIMEOUT),
-    )
-    .await?
-    .as_slice()
-    {
-        [Some(f)] => Ok(*f),
-        _ => Err(QueueError::LeaseLost(lease.key.to_string())),
-    }
-}
-
-/// Hands a finish to the completer and waits for its result.
-async fn submit_finish(
-    shared: &Shared,
-    lease: &Lease,
-    finish: &Finish,
-) -> Result<queue::Finished, QueueError> {
-    let (reply, result) = oneshot::channel();
-    let request = FinishRequest {
-        fence: lease.fence(),
-        finish: finish.clone(),
-        reply,
-    };
-    if shared.finishes.send(request).is_err() {
-        // Unreachable while run tasks exist; the direct statement is the same
-        // write, so fall back to it rather than lose the finish.
-        return finish_direct(shared, lease, finish).await;
-    }
-    match result.await {
-        Ok(r) => r,
-        Err(_) => finish_direct(shared, lease, finish).await,
-    }
-}
-
-async fn finish_direct(
-    shared: &Shared,
-    lease: &Lease,
-    finish: &Finish,
-) -> Result<queue::Finished, QueueError> {
-    let items = [(lease.fence(), finish.clone())];
-    match queue::finish_many_detailed(&shared.pool, &items, shared.clock).await? {
-        v if v.len() == 1 => v[0].ok_or_else(|| QueueError::LeaseLost(lease.key.to_string())),
-        _ => Err(QueueError::LeaseLost(lease.key.to_string())),
-    }
-}
-
-/// Writes finishes in batches: it waits for one, takes every other finish
-/// already waiting (up to [`queue::MAX_FINISH_BATCH`]) and ends them all in
-/// one statement and one commit. Nothing waits on purpose: while one batch is
-/// being written the next one gathers, so a busy worker commits once per
-/// batch and an idle one finishes a run as soon as its handler returns. A
-/// failed statement is reported to every caller, which retries as before.
-async fn completer_loop(
-    pool: PgPool,
-    mut rx: mpsc::UnboundedReceiver<FinishRequest>,
-    clock: Clock,
-    stopped: CancellationToken,
-) {
-    let mut batch = Vec::new();
-    loop {
-        let first = tokio::select! {
-            r = rx.recv() => r,
-            _ = stopped.cancelled() => None,
-        };
-        let Some(first) = first else { return };
-        batch.push(first);
-        // Let the run tasks that are ready hand in their finishes too: one
-        // reply wakes many tasks at once, and without this the next batch
-        // would start with whichever of them happened to run first.
-        for _ in 0..4 {
-            let before = batch.len();
-            while batch.len() < queue::MAX_FINISH_BATCH {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            if batch.len() == before || batch.len() >= queue::MAX_FINISH_BATCH {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        let items: Vec<(queue::Fence, Finish)> = batch
-            .iter()
-            .map(|r| (r.fence.clone(), r.finish.clone()))
-            .collect();
-        match queue::finish_many_detailed(&pool, &items, clock).await {
-            Ok(statuses) => {
-                for (request, status) in batch.drain(..).zip(statuses) {
-                    let result =
-                        status.ok_or_else(|| QueueError::LeaseLost(request.fence.key.to_string()));
-                    // A caller that stopped waiting has nothing left to do.
-                    let _ = request.reply.send(result);
-                }
-            }
-            Err(e) => {
-                let transient = e.is_transient();
-                let message = e.to_string();
-                for request in batch.drain(..) {
-                    let error = if transient {
-                        QueueError::Unavailable(message.clone())
-                    } else {
-                        QueueError::Invalid(message.clone())
-                    };
-                    let _ = request.reply.send(Err(error));
-                }
-            }
-        }
-    }
-}
-
-/// The heartbeat's period: a third of the shortest lease held (each run
-/// carries its own), or of `idle_ttl` when none is held.
-fn heartbeat_every(shared: &Shared, idle_ttl: Duration) -> Duration {
-    let shortest = lock(&shared.held)
-        .values()
-        .map(|h| h.lease_ttl)
-        .min()
-        .unwrap_or(idle_ttl);
-    (shortest.min(idle_ttl) / 3).max(Duration::from_millis(200))
-}
-
-/// Extends every held lease in one statement on a dedicated pool. A lease
-/// that could not be renewed within its ttl on this process's own monotonic
-/// clock is treated as lost (self-fencing), even if the database is unreachable.
-async fn heartbeat_loop(
-    shared: Arc<Shared>,
-    pool: PgPool,
-    idle_ttl: Duration,
-    stopped: CancellationToken,
-) {
-    loop {
-        let every = heartbeat_every(&shared, idle_ttl);
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stopped.cancelled() => return,
-        }
-        // Bounded like the heartbeat: a hung database must not stall the
-        // loop, or self-fencing below would never run.
-        // Sleep (ttl/3) + this (ttl/6) + the heartbeat (ttl/4) stay under the
-        // ttl, so self-fencing fires before the lease runs out.
-        match tokio::time::timeout(
-            every / 2,
-            worker_registry::touch(&pool, &shared.opts.worker_id, VERSION, live_for(every)),
-        )
-        .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "could not refresh last_seen"),
-            Err(_) => warn!("refreshing last_seen timed out"),
-        }
-        let snapshot: Vec<HeldLease> = lock(&shared.held)
-            .iter()
-            .map(|(k, h)| HeldLease {
-                fence: queue::Fence {
-                    key: k.clone(),
-                    token: h.token,
-                },
-                lease_ttl: h.lease_ttl,
-            })
-            .collect();
-        if snapshot.is_empty() {
-            continue;
-        }
-        // A hung query (a silent network partition) counts as a failure, so
-        // self-fencing below still fires on time.
-        let min_ttl = snapshot
-            .iter()
-            .map(|h| h.lease_ttl)
-            .min()
-            .unwrap_or(every * 3);
-        let sent = Instant::now();
-        let result = match tokio::time::timeout(
-            min_ttl / 4,
-            queue::heartbeat(&pool, &snapshot, shared.clock),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(QueueError::Invalid(format!(
-                "heartbeat timed out after {}ms",
-                (min_ttl / 4).as_millis()
-            ))),
-        };
-        match &result {
-            Ok(_) => metrics::counter!(telemetry::HEARTBEATS).increment(1),
-            Err(_) => metrics::counter!(telemetry::HEARTBEAT_FAILURES).increment(1),
-        }
-        let mut held = lock(&shared.held);
-        match result {
-            Ok(report) => {
-                for k in &report.extended {
-                    if let Some(h) = held.get(k) {
-                        h.renewed.send_replace(LeaseRenewal {
-                            sent,
-                            ttl: h.lease_ttl,
-                        });
-                    }
-                }
-                for k in report.extended.iter().chain(&report.busy) {
-                    if let Some(h) = held.get_mut(k) {
-                        h.last_ok = Instant::now();
-                    }
-                }
-                for k in &report.lost {
-                    if let Some(h) = held.get(k) {
-                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
-                              "heartbeat: lease lost; cancelling the handler");
-                        h.lost.cancel();
-                        h.cancel.cancel();
-                    }
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, "heartbeat failed");
-                for (k, h) in held.iter() {
-                    if h.last_ok.elapsed() >= h.lease_ttl && !h.lost.is_cancelled() {
-                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
-                              "no heartbeat within the lease ttl; stopping the handler (self-fencing)");
-                        h.lost.cancel();
-                        h.cancel.cancel();
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Puts runs whose lease expired back to PENDING (policy `retry`).
-async fn rescue_loop(
-    pool: PgPool,
-    jobs: Vec<JobName>,
-    legacy_retry: Vec<JobName>,
-    every: Duration,
-    wake: Arc<Notify>,
-    stopped: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stopped.cancelled() => return,
-        }
-        match queue::recover_expired(&pool, &jobs, &legacy_retry, Clock::Db).await {
-            Ok(recovered) => {
-                for r in &recovered {
-                    metrics::counter!(telemetry::LEASES_RECOVERED, "job" => r.key.job_name().to_owned())
-                        .increment(1);
-                    warn!(job_key = %r.key, previous_owner = r.previous_owner.as_deref().unwrap_or("?"),
-                          status = %r.status, outcome = "lease_expired",
-                          "lease expired; run recovered with a new token");
-                }
-                if !recovered.is_empty() {
-                    wake.notify_one();
-                }
-            }
-            Err(e) => warn!(error = %e, "lease-expiry recovery failed; retrying"),
-        }
-    }
-}
-
-/// Wakes the claim loop on every enqueue notification; reconnects with backoff.
-async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stopped: CancellationToken) {
-    let mut backoff = Backoff::new();
-    loop {
-        let session = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(queue::NOTIFY_CHANNEL).await?;
-            loop {
-                listener.recv().await?;
-                wake.notify_one();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
-        };
-        tokio::select! {
-            r = session => if let Err(e) = r {
-                warn!(error = %e, "LISTEN connection lost; polling until it is back");
-            },
-            _ = stopped.cancelled() => return,
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.next()) => {}
-            _ = stopped.cancelled() => return,
-        }
-    }
-}
-
-/// Exponential backoff for reconnects: 100ms doubling to 10s.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Self(Duration::from_millis(100))
-    }
-    fn next(&mut self) -> Duration {
-        let d = self.0;
-        self.0 = (self.0 * 2).min(Duration::from_secs(10));
-        d
-    }
-    fn reset(&mut self) {
-        self.0 = Duration::from_millis(100);
     }
 }
 

@@ -20,13 +20,13 @@
 //! `ConfigError`: one line naming the file and the dotted key. The cross-key rules are `lease_ttl`
 //! between 1s and 24h, `lease_ttl <= stale_after <= 30d`, `backoff <= backoff_max <= 7d`,
 //! `chunk_pause <= 60s`, and, for every job with a `schedule`, whatever its `covers`, a `catch_up`
-//! window holding at most `producer::MAX_PERIODS_PER_TICK` (20,000) firings, because one tick walks
+//! window holding at most `schedule::MAX_PERIODS_PER_TICK` (20,000) firings, because one tick walks
 //! every firing of its window. That last rule estimates the firings per day from a one-week sample
 //! of the schedule (the firings in `(2026-01-05T00:00Z, 2026-01-12T00:00Z]`, from a Monday, in the
 //! job's zone, so a schedule of some weekdays only is counted fairly), scales it to `catch_up`, and
 //! fails naming `catch_up` (`holds about N firings of this schedule; the limit is 20000: shorten
 //! it`). It counts firings, not periods, because the producer's cap does too (see
-//! `src/producer.rs`). The cross-key rules run in `apply_job_table`, so they check the jobs that
+//! `src/runtime/producer.rs`). The cross-key rules run in `apply_job_table`, so they check the jobs that
 //! have a `[jobs.<name>]` table in the file; a kind's `default_config()` alone is not checked.
 //!
 //! Three kinds of keys sit in a job table besides the scheduling and policy keys above:
@@ -67,6 +67,7 @@ use crate::key::{parse_date, JobName};
 use crate::schedule::{Covers, CronSchedule};
 
 mod command;
+pub mod context;
 
 use command::{apply_command_keys, as_argv, COMMAND_KEYS};
 pub use command::{is_variable_name, CommandSpec};
@@ -561,12 +562,12 @@ fn apply_job_table(
         let (sample, _) = sched.firings(cfg.timezone, t0, t0 + chrono::Duration::days(7), 100_000);
         let per_day = sample.len() as f64 / 7.0;
         let periods = per_day * cfg.catch_up.as_secs_f64() / 86_400.0;
-        if periods > crate::producer::MAX_PERIODS_PER_TICK as f64 {
+        if periods > crate::schedule::MAX_PERIODS_PER_TICK as f64 {
             return Err(bound(
                 "catch_up",
                 &format!(
                     "holds about {periods:.0} firings of this schedule; the limit is {}: shorten it",
-                    crate::producer::MAX_PERIODS_PER_TICK
+                    crate::schedule::MAX_PERIODS_PER_TICK
                 ),
             ));
         }

@@ -101,7 +101,7 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
     } else {
         Err(format!(
             "invalid role prefix {:?}: use 1 to 40 of a-z, 0-9 and _, starting with a letter",
-            crate::queue::truncate(prefix)
+            crate::text::truncate(prefix)
         ))
     }
 }

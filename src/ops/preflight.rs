@@ -30,9 +30,9 @@ use tokio::process::Command;
 
 use crate::clock::Clock;
 use crate::db;
-use crate::job::Registry;
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, ClaimSpec, NewRun, PREFLIGHT_JOB};
+use crate::runtime::job::Registry;
 
 /// Largest tolerated difference between this host's clock and the database's.
 const MAX_SKEW: Duration = Duration::from_secs(30);
@@ -200,7 +200,7 @@ pub async fn race(url: &str, key: &str, start_at_ms: i64) -> anyhow::Result<()> 
         max_attempts: 1,
         payload: json!({}),
         skip_reason: None,
-        context: crate::context::RunContext::new(
+        context: crate::config::context::RunContext::new(
             &cfg,
             &crate::schedule::Period::day(business_date),
         )?,

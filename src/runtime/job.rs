@@ -48,8 +48,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::config::context::RunContext;
 use crate::config::JobConfig;
-use crate::context::RunContext;
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, Fence, FencedTx, QueueError};
 use crate::schedule::Period;

@@ -7,7 +7,7 @@
 //! (every line into the worker's logs), the exit-code contract, the
 //! timeout, and when its process group is stopped (SIGTERM and
 //! `kill_grace` on shutdown or timeout, SIGKILL at once when the lease is
-//! lost). The program runs under a supervisor ([`crate::supervisor`]) that
+//! lost). The program runs under a supervisor ([`crate::runtime::supervisor`]) that
 //! this module keeps renewing from the lease's confirmed extensions, so it is
 //! killed before the lease can expire even if this worker cannot act.
 //!
@@ -35,7 +35,7 @@
 //!   `EnvError::DatabaseUrlUnset`, which `run_command` makes `Fatal` before anything starts. The
 //!   worker's own `DATABASE_URL`, `BATCHONCE_LISTEN_URL` and tokens therefore never reach a program
 //!   unless the configuration names them.
-//! - `run_command` starts the program under a supervisor (`src/supervisor.rs`, below):
+//! - `run_command` starts the program under a supervisor (`src/runtime/supervisor.rs`, below):
 //!   `supervisor::command` re-invokes the worker's own image with the program's argv, in
 //!   `working_dir` if set, with stdout and stderr piped to the worker; `Supervised::start` sends
 //!   the program's environment and the first deadline and waits for its pid. The program runs
@@ -80,7 +80,7 @@
 //! run's context: `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START` and `BATCHONCE_PERIOD_END` come
 //! from the run, not the worker's file.
 //!
-//! `src/supervisor.rs` owns the supervisor: a small process between the worker and the program,
+//! `src/runtime/supervisor.rs` owns the supervisor: a small process between the worker and the program,
 //! which is the worker's own image (`/proc/self/exe`, so a binary replaced by a deploy still speaks
 //! the same protocol) started with the hidden first argument `__batchonce-supervise` and an empty
 //! environment (`supervisor::command` clears it: the supervisor reads none, and the worker's holds
@@ -115,9 +115,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::{CommandSpec, Config, JobConfig};
-use crate::job::{Job, JobContext, JobError, LeaseRenewal, Outcome, Registry};
 use crate::key::JobName;
-use crate::supervisor::{self, Ending, StartError, Supervised};
+use crate::runtime::job::{Job, JobContext, JobError, LeaseRenewal, Outcome, Registry};
+use crate::runtime::supervisor::{self, Ending, StartError, Supervised};
 
 /// Lines of output kept for the run's error text.
 const TAIL_LINES: usize = 8;
@@ -580,7 +580,7 @@ fn with_tail(message: String, tail: &Mutex<VecDeque<String>>) -> String {
         return message;
     }
     let lines: Vec<&str> = t.iter().map(String::as_str).collect();
-    crate::queue::truncate(&format!("{message}; last output: {}", lines.join(" | ")))
+    crate::text::truncate(&format!("{message}; last output: {}", lines.join(" | ")))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

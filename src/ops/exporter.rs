@@ -63,7 +63,7 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
             .set(g.current_attempts as f64);
         metrics::gauge!(telemetry::EXPIRED_LEASES, "job" => job).set(g.expired_leases as f64);
     }
-    for (job, n) in crate::worker_registry::fingerprint_counts(pool).await? {
+    for (job, n) in crate::runtime::worker_registry::fingerprint_counts(pool).await? {
         metrics::gauge!(telemetry::CONFIG_FINGERPRINTS, "job" => job).set(n as f64);
     }
     metrics::gauge!(telemetry::EXPORTER_LAST_SCRAPE)

@@ -18,7 +18,7 @@
 //!   1969-12-31 in New York is 1970-01-01T01:00Z, and an 08:00 firing of 2200-01-01 in Seoul is
 //!   2199-12-31T23:00Z). Before this, `produce --now` enqueued 1969 dates and dates past 2199 (2230
 //!   was tried), and from the year 5000 on, where croner stops searching, silently nothing. It also
-//!   reports whether the window held more than `MAX_PERIODS_PER_TICK` (20,000) firings; the tick
+//!   reports whether the window held more than `schedule::MAX_PERIODS_PER_TICK` (20,000) firings; the tick
 //!   then takes the earliest 20,000, and the newest periods are the ones missing. The cap counts
 //!   firings before they become periods. The configuration rejects a `catch_up` that holds more on
 //!   average over its one-week sample, whatever the `covers`, so only an uneven schedule, or a
@@ -51,15 +51,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::clock::Clock;
+use crate::config::context::{PeriodError, RunContext};
 use crate::config::{Config, JobConfig};
-use crate::context::{PeriodError, RunContext};
 use crate::key::{self, JobKey, JobName};
 use crate::queue::{self, NewRun, QueueError};
 use crate::schedule::{self, Covers, Period};
 
-/// Most firings one job's catch-up window may hold (a 7-day window of a job
-/// every minute is 10,080); config validation enforces it.
-pub const MAX_PERIODS_PER_TICK: usize = 20_000;
 /// Most days one `enqueue --from --to` may cover.
 pub const MAX_BACKFILL_DAYS: i64 = 366;
 
@@ -106,7 +103,7 @@ pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Per
             cfg.timezone,
             before,
             end - chrono::Duration::microseconds(1),
-            MAX_PERIODS_PER_TICK,
+            schedule::MAX_PERIODS_PER_TICK,
         );
         out.extend(
             firings
@@ -175,7 +172,8 @@ pub fn plan(
         window_start
     };
     let upto = now.min(end - chrono::Duration::nanoseconds(1));
-    let (firings, truncated) = sched.firings(cfg.timezone, after, upto, MAX_PERIODS_PER_TICK);
+    let (firings, truncated) =
+        sched.firings(cfg.timezone, after, upto, schedule::MAX_PERIODS_PER_TICK);
     let (min, max) = key::date_range();
     let mut periods: Vec<Period> = firings
         .into_iter()
@@ -275,7 +273,7 @@ pub fn log_tick(report: &[JobTick]) {
         if t.truncated {
             // Config validation bounds catch_up so this cannot happen; if it
             // does, the newest periods are the ones missing.
-            warn!(job = %t.job, limit = MAX_PERIODS_PER_TICK,
+            warn!(job = %t.job, limit = schedule::MAX_PERIODS_PER_TICK,
                   "catch-up window holds more periods than one tick enqueues; shorten catch_up");
         }
     }
@@ -287,10 +285,10 @@ pub fn log_tick(report: &[JobTick]) {
 pub async fn register(pool: &PgPool, config: &Config, process_id: &str, live_for: Duration) {
     let jobs: Vec<(JobName, &JobConfig)> =
         config.jobs.iter().map(|(n, c)| (n.clone(), c)).collect();
-    if let Err(e) = crate::worker_registry::register_process(
+    if let Err(e) = crate::runtime::worker_registry::register_process(
         pool,
         process_id,
-        crate::worker_registry::Role::Producer,
+        crate::runtime::worker_registry::Role::Producer,
         env!("CARGO_PKG_VERSION"),
         live_for,
         &jobs,
@@ -332,7 +330,7 @@ pub async fn run(
                 if !registered {
                     register(&pool, &config, &process_id, live_for).await;
                     registered = true;
-                } else if let Err(e) = crate::worker_registry::touch(
+                } else if let Err(e) = crate::runtime::worker_registry::touch(
                     &pool,
                     &process_id,
                     env!("CARGO_PKG_VERSION"),
@@ -358,7 +356,7 @@ pub async fn run(
         }
     }
     if registered {
-        if let Err(e) = crate::worker_registry::deregister(&pool, &process_id).await {
+        if let Err(e) = crate::runtime::worker_registry::deregister(&pool, &process_id).await {
             warn!(error = %e, "could not deregister this producer");
         }
     }

@@ -1,0 +1,182 @@
+//! Enqueueing runs: the only `INSERT` into `batch_job_run`, duplicates as
+//! no-ops, and the one `DELETE` the queue knows (a `preflight` scratch run).
+//!
+//! - `enqueue` inserts many runs in one statement with `ON CONFLICT DO NOTHING`, each with its
+//!   `RunContext` in the context columns, sends NOTIFY in the same transaction, and reports
+//!   inserted and duplicate keys in input order. After the commit it adds one per key to
+//!   `batchonce_runs_enqueued_total` or `batchonce_runs_deduplicated_total` (label `job`). A
+//!   `NewRun` with a `skip_reason` (a period the business calendar skips) is inserted as SKIPPED,
+//!   with the reason in `error_message` and `finished_at` set, instead of PENDING.
+//!   `NewRun::new(key, date, cfg)` builds a pending run with the context `cfg` gives it.
+//! - `delete_preflight_run` deletes one scratch run of `preflight` and its attempt rows in one
+//!   transaction. It refuses any key whose job is not `PREFLIGHT_JOB` (`batchonce-preflight`), and
+//!   its `DELETE` also names that job.
+
+use std::collections::HashSet;
+
+use chrono::NaiveDate;
+use sqlx::{PgPool, Row};
+
+use super::{context, QueueError, MAX_PAYLOAD_BYTES};
+use crate::clock::Clock;
+use crate::config::context::RunContext;
+use crate::key::{JobKey, JobName};
+use crate::telemetry;
+use crate::text::truncate;
+
+/// A run to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub key: JobKey,
+    pub job: JobName,
+    pub business_date: NaiveDate,
+    pub max_attempts: u32,
+    pub payload: serde_json::Value,
+    /// Set for periods the business calendar skips: the run is recorded as
+    /// SKIPPED with this reason instead of being queued.
+    pub skip_reason: Option<String>,
+    /// What defines the run, stored with it (see [`crate::config::context`]).
+    pub context: RunContext,
+}
+
+impl NewRun {
+    /// A pending run of `key` with the context `cfg` gives it (no payload,
+    /// not skipped).
+    pub fn new(
+        key: JobKey,
+        business_date: NaiveDate,
+        cfg: &crate::config::JobConfig,
+    ) -> Result<Self, crate::config::context::PeriodError> {
+        let period = key.as_str().split_once(':').map_or("", |(_, p)| p);
+        let context = RunContext::for_key(cfg, business_date, period)?;
+        let job = JobName::parse(key.job_name())
+            .map_err(|_| crate::config::context::PeriodError(key.to_string()))?;
+        Ok(Self {
+            key,
+            job,
+            business_date,
+            max_attempts: cfg.max_attempts,
+            payload: serde_json::json!({}),
+            skip_reason: None,
+            context,
+        })
+    }
+}
+
+/// What one enqueue statement did, key by key, in input order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EnqueueReport {
+    pub enqueued: Vec<JobKey>,
+    pub duplicates: Vec<JobKey>,
+}
+
+/// Inserts many runs in one statement; existing keys are reported as
+/// duplicates and left untouched. Notifies idle workers in the same
+/// transaction, so the wake-up is sent only if the rows commit.
+pub async fn enqueue(
+    pool: &PgPool,
+    runs: &[NewRun],
+    clock: Clock,
+) -> Result<EnqueueReport, QueueError> {
+    let mut seen = HashSet::new();
+    let mut keys = Vec::new();
+    let mut names = Vec::new();
+    let mut dates = Vec::new();
+    let mut maxes = Vec::new();
+    let mut payloads = Vec::new();
+    let mut reasons: Vec<Option<String>> = Vec::new();
+    let mut contexts = context::Arrays::default();
+    let mut order = Vec::new();
+    for r in runs {
+        if r.key.job_name() != r.job.as_str() {
+            return Err(QueueError::Invalid(format!(
+                "job key {} does not belong to job {}",
+                r.key, r.job
+            )));
+        }
+        let size = r.payload.to_string().len();
+        if size > MAX_PAYLOAD_BYTES {
+            return Err(QueueError::Invalid(format!(
+                "payload of {} is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}",
+                r.key
+            )));
+        }
+        order.push(r.key.clone());
+        // The same key twice in one call is one run: the second is a duplicate.
+        if seen.insert(r.key.clone()) {
+            keys.push(r.key.as_str().to_owned());
+            names.push(r.job.as_str().to_owned());
+            dates.push(r.business_date);
+            maxes.push(r.max_attempts as i32);
+            payloads.push(r.payload.clone());
+            reasons.push(r.skip_reason.as_deref().map(truncate));
+            contexts.push(&r.context);
+        }
+    }
+    if keys.is_empty() {
+        return Ok(EnqueueReport::default());
+    }
+    // The database function inserts PENDING runs, or SKIPPED ones with a
+    // calendar reason, and nothing else (migration 20261203000004); it
+    // notifies idle workers in the same statement.
+    let mut stmt = crate::db::statement(pool).await?;
+    let q = crate::db::query(
+        "SELECT k FROM batchonce_enqueue($1, $2, $3, $4, $5, $6, $7, \
+         $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) AS k",
+    )
+    .bind(&keys)
+    .bind(&names)
+    .bind(&dates)
+    .bind(&maxes)
+    .bind(&payloads)
+    .bind(clock.bind())
+    .bind(&reasons);
+    let inserted: Vec<String> = contexts
+        .bind(q)
+        .fetch_all(stmt.conn())
+        .await?
+        .iter()
+        .map(|r| r.try_get("k"))
+        .collect::<Result<_, _>>()?;
+    stmt.done().await?;
+    let inserted: HashSet<String> = inserted.into_iter().collect();
+    let mut report = EnqueueReport::default();
+    let mut reported = HashSet::new();
+    for k in order {
+        let job = k.job_name().to_owned();
+        if inserted.contains(k.as_str()) && reported.insert(k.clone()) {
+            metrics::counter!(telemetry::RUNS_ENQUEUED, "job" => job).increment(1);
+            report.enqueued.push(k);
+        } else {
+            metrics::counter!(telemetry::RUNS_DEDUPLICATED, "job" => job).increment(1);
+            report.duplicates.push(k);
+        }
+    }
+    Ok(report)
+}
+
+/// The job name of `preflight`'s scratch runs; only these can be deleted.
+pub const PREFLIGHT_JOB: &str = "batchonce-preflight";
+
+/// Removes one scratch run of `preflight` and its attempts. Refuses any other
+/// job: runs of real jobs are history and are never deleted.
+pub async fn delete_preflight_run(pool: &PgPool, key: &JobKey) -> Result<u64, QueueError> {
+    if key.job_name() != PREFLIGHT_JOB {
+        return Err(QueueError::Invalid(format!(
+            "{key} is not a preflight run; runs are never deleted"
+        )));
+    }
+    let mut tx = pool.begin().await?;
+    crate::db::query("DELETE FROM batch_job_attempt WHERE job_key = $1")
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await?;
+    let n = crate::db::query("DELETE FROM batch_job_run WHERE job_key = $1 AND job_name = $2")
+        .bind(key.as_str())
+        .bind(PREFLIGHT_JOB)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    tx.commit().await?;
+    Ok(n)
+}
