@@ -13,7 +13,8 @@
 //! belong to the whole server. `wait_until` polls a condition every 50 ms until a timeout;
 //! `wait_for_count` (an `i64` query reaching a value, to act mid-run) and `wait_for_status` (a run
 //! reaching one of some statuses) are the two waits the process tests share; and `scratch_dir`
-//! makes a fresh folder for one test's files. The engine's integration tests and the job-kind
+//! makes a fresh folder for one test's files. `OwnCluster` is a PostgreSQL cluster of one test's
+//! own, for tests that stop and restart the server (a worker surviving a database restart). The engine's integration tests and the job-kind
 //! crates' tests use it through a dev-dependency with `features = ["testing"]`.
 
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
 use crate::db;
-use crate::embedded::{Cluster, ClusterOptions};
+use crate::ops::embedded::{Cluster, ClusterOptions};
 
 /// The server tests create their databases on.
 fn server_url() -> &'static str {
@@ -199,4 +200,69 @@ pub fn scratch_dir(base: &str, name: &str) -> PathBuf {
     // Tests cannot run without their folder: failing loudly is the point.
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
+}
+
+/// A PostgreSQL cluster of one test's own, so restarting it disturbs no
+/// other test: started, migrated with the engine's and `kinds`' migrations,
+/// with a pool on it.
+pub struct OwnCluster {
+    opts: ClusterOptions,
+    cluster: Option<Cluster>,
+    pub url: String,
+}
+
+impl OwnCluster {
+    /// Starts a cluster under `dir/pg` with at most `max_connections`.
+    pub async fn start(
+        dir: &std::path::Path,
+        max_connections: u32,
+        kinds: &[&'static Migrator],
+    ) -> (Self, PgPool) {
+        let opts = ClusterOptions {
+            dir: dir.join("pg"),
+            durable: false,
+            max_connections,
+        };
+        let o = opts.clone();
+        let cluster = tokio::task::spawn_blocking(move || Cluster::start(&o))
+            .await
+            .expect("cluster start task")
+            .unwrap_or_else(|e| panic!("own cluster: {e}"));
+        let url = cluster.url("postgres");
+        let pool = db::connect(&url, "restart-test", 2)
+            .await
+            .unwrap_or_else(|e| panic!("connect own cluster: {e}"));
+        db::migrate(&pool, kinds)
+            .await
+            .unwrap_or_else(|e| panic!("migrate own cluster: {e}"));
+        let me = Self {
+            opts,
+            cluster: Some(cluster),
+            url,
+        };
+        (me, pool)
+    }
+
+    /// Stops the server (fast shutdown: sessions are ended).
+    pub async fn stop(&mut self) {
+        if let Some(c) = self.cluster.take() {
+            tokio::task::spawn_blocking(move || c.stop())
+                .await
+                .expect("cluster stop task")
+                .unwrap_or_else(|e| panic!("stop own cluster: {e}"));
+        }
+    }
+
+    /// Starts it again on the same data; returns a fresh pool.
+    pub async fn start_again(&mut self) -> PgPool {
+        let o = self.opts.clone();
+        let c = tokio::task::spawn_blocking(move || Cluster::start(&o))
+            .await
+            .expect("cluster start task")
+            .unwrap_or_else(|e| panic!("restart own cluster: {e}"));
+        self.cluster = Some(c);
+        db::connect(&self.url, "restart-test", 2)
+            .await
+            .unwrap_or_else(|e| panic!("connect own cluster: {e}"))
+    }
 }

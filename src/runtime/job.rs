@@ -68,6 +68,15 @@ pub enum JobError {
     /// Worth another attempt after a backoff (a timeout, a lost connection).
     #[error("{0}")]
     Retryable(String),
+    /// Worth another attempt, but not before `delay` (a provider's
+    /// `Retry-After`, an apalis `RetryAfterError`): the run is due again
+    /// `delay` after the attempt ends, instead of after the job's backoff.
+    /// The attempt counts like any other, so `max_attempts` still holds.
+    #[error("{error}")]
+    RetryAfter {
+        error: String,
+        delay: std::time::Duration,
+    },
     /// Another attempt would fail the same way (bad source data, a bug):
     /// the run is FAILED at once.
     #[error("{0}")]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use batchonce::testing::{wait_until, TestDb};
+use batchonce::testing::{wait_until, OwnCluster, TestDb};
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use nix::sys::signal::{kill, Signal};
@@ -509,68 +509,10 @@ async fn bad_input_gets_one_error_line_and_changes_nothing() {
     assert_eq!(rows, 0, "bad input wrote a row");
 }
 
-/// A PostgreSQL cluster of one test's own, so restarting it disturbs no
-/// other test: started, migrated, with a pool on it.
-struct OwnCluster {
-    opts: batchonce::embedded::ClusterOptions,
-    cluster: Option<batchonce::embedded::Cluster>,
-    url: String,
-}
-
-impl OwnCluster {
-    async fn start(dir: &std::path::Path, max_connections: u32) -> (Self, PgPool) {
-        let opts = batchonce::embedded::ClusterOptions {
-            dir: dir.join("pg"),
-            durable: false,
-            max_connections,
-        };
-        let o = opts.clone();
-        let cluster = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&o))
-            .await
-            .unwrap()
-            .unwrap();
-        let url = cluster.url("postgres");
-        let pool = batchonce::db::connect(&url, "restart-test", 2)
-            .await
-            .unwrap();
-        batchonce::db::migrate(&pool, &batchonce_workers::migrations())
-            .await
-            .unwrap();
-        let me = Self {
-            opts,
-            cluster: Some(cluster),
-            url,
-        };
-        (me, pool)
-    }
-
-    async fn stop(&mut self) {
-        if let Some(c) = self.cluster.take() {
-            tokio::task::spawn_blocking(move || c.stop())
-                .await
-                .unwrap()
-                .unwrap();
-        }
-    }
-
-    /// Starts it again on the same data; returns a fresh pool.
-    async fn start_again(&mut self) -> PgPool {
-        let o = self.opts.clone();
-        let c = tokio::task::spawn_blocking(move || batchonce::embedded::Cluster::start(&o))
-            .await
-            .unwrap()
-            .unwrap();
-        self.cluster = Some(c);
-        batchonce::db::connect(&self.url, "restart-test", 2)
-            .await
-            .unwrap()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_survives_a_database_restart() {
     let dir = scratch("restart");
-    let (mut own, pool) = OwnCluster::start(&dir, 50).await;
+    let (mut own, pool) = OwnCluster::start(&dir, 50, &batchonce_workers::migrations()).await;
     let url = own.url.clone();
     seed(&pool, 2000).await;
     let cfg = write_config(&dir);
@@ -888,7 +830,7 @@ async fn preflight_passes_and_cleans_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_survives_a_database_restart() {
     let dir = scratch("producer-restart");
-    let (mut own, pool) = OwnCluster::start(&dir, 20).await;
+    let (mut own, pool) = OwnCluster::start(&dir, 20, &batchonce_workers::migrations()).await;
     let url = own.url.clone();
     let cfg = dir.join("sync.toml");
     // A job every minute in UTC; simulated time starts 12s before a minute.

@@ -78,6 +78,11 @@ mod loops;
 use finish::{completer_loop, finish_with_retries, release};
 use loops::{heartbeat_loop, listen_loop, rescue_loop, Backoff};
 
+/// The longest delay a handler's `JobError::RetryAfter` may ask for; a
+/// longer one is cut to this, so a run is never put off for years by a
+/// mistaken header.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 86_400);
+
 /// Recorded in `batch_worker.version`.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -570,6 +575,10 @@ async fn execute(
         End::Handler(Err(JobError::Retryable(error))) => Some(Finish::Retry {
             error,
             delay: queue::backoff_delay(lease.attempt, cfg.backoff, cfg.backoff_max),
+        }),
+        End::Handler(Err(JobError::RetryAfter { error, delay })) => Some(Finish::Retry {
+            error,
+            delay: delay.min(MAX_RETRY_AFTER),
         }),
         End::Handler(Err(JobError::Fatal(error))) => Some(Finish::Fatal { error }),
         End::Handler(Err(JobError::LeaseLost)) | End::Lost => None,
