@@ -382,6 +382,17 @@ fn print_show(
         for line in t.lines("  ") {
             println!("{line}");
         }
+        // A command job's last lines, attempt by attempt, successful ones
+        // included: what the program said is often the whole story.
+        for a in attempts {
+            if let Some(out) = a.output.as_deref() {
+                println!();
+                println!("  output of attempt {} (last lines):", a.attempt);
+                for line in out.lines() {
+                    println!("    {}", esc(line));
+                }
+            }
+        }
     }
     if !actions.is_empty() {
         println!();

@@ -65,8 +65,8 @@ const ENGINE_TABLES: &[&str] = &[
     "_sqlx_migrations",
 ];
 
-/// The state-change functions each role may call (migration
-/// 20261203000004); every other function of the engine is its owner's.
+/// The state-change functions each role may call (migrations
+/// 20261203000004 and 20261203000005); every other function of the engine is its owner's.
 const WORKER_FUNCTIONS: &[&str] = &[
     "batchonce_claim",
     "batchonce_heartbeat",
@@ -77,8 +77,9 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "batchonce_freeze_context",
     "batchonce_fence",
     "batchonce_progress",
+    "batchonce_attempt_output",
 ];
-const PRODUCER_FUNCTIONS: &[&str] = &["batchonce_enqueue"];
+const PRODUCER_FUNCTIONS: &[&str] = &["batchonce_enqueue", "batchonce_enqueue_declared"];
 const OPERATOR_FUNCTIONS: &[&str] = &[
     "batchonce_operator_check",
     "batchonce_operator_apply",

@@ -266,6 +266,40 @@ pub async fn recover_expired(
         .collect()
 }
 
+/// Records the last lines a command job's program printed on the attempt
+/// its lease token names (`None` leaves what is there), and returns the
+/// items the program counted on that attempt with `batchonce_progress`
+/// (processed, failed); `(0, 0)` when the attempt is not found.
+pub async fn record_output(
+    pool: &PgPool,
+    key: &JobKey,
+    token: i64,
+    output: Option<&str>,
+) -> Result<(i64, i64), QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let row: Option<(i64, i64)> =
+        crate::db::query_as("SELECT processed, failed FROM batchonce_attempt_output($1, $2, $3)")
+            .bind(key.as_str())
+            .bind(token)
+            .bind(output.map(truncate_output))
+            .fetch_optional(stmt.conn())
+            .await?;
+    stmt.done().await?;
+    Ok(row.unwrap_or((0, 0)))
+}
+
+/// The most output characters kept per attempt (the schema's CHECK).
+pub const MAX_OUTPUT_CHARS: usize = 4000;
+
+fn truncate_output(s: &str) -> String {
+    // The newest lines matter most: cut from the front, on a char boundary.
+    let n = s.chars().count();
+    if n <= MAX_OUTPUT_CHARS {
+        return s.to_owned();
+    }
+    s.chars().skip(n - MAX_OUTPUT_CHARS).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,6 +61,10 @@ pub struct AttemptView {
     pub error_message: Option<String>,
     pub processed_count: i64,
     pub failed_count: i64,
+    /// The last lines a command job's program printed in this attempt
+    /// (`stdout: …` / `stderr: …`, one per line); `None` for other kinds and
+    /// for attempts of a release that did not record them.
+    pub output: Option<String>,
 }
 
 const RUN_COLUMNS: &str = "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
@@ -136,7 +140,7 @@ pub async fn show_run(
     let run = run_from_row(&row)?;
     let attempts = crate::db::query(
         "SELECT attempt, lease_token, worker_id, started_at, finished_at, outcome, \
-         error_message, processed_count, failed_count \
+         error_message, processed_count, failed_count, output_tail \
          FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
     )
     .bind(key.as_str())
@@ -154,6 +158,7 @@ pub async fn show_run(
             error_message: r.try_get("error_message")?,
             processed_count: r.try_get("processed_count")?,
             failed_count: r.try_get("failed_count")?,
+            output: r.try_get("output_tail")?,
         })
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;

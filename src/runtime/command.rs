@@ -163,7 +163,35 @@ impl Job for CommandJob {
         let spec = ctx.config.command.as_ref().ok_or_else(|| {
             JobError::Fatal(format!("job {} has no `command` configured", ctx.job))
         })?;
-        run_command(spec, ctx).await
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let outcome = run_command(spec, ctx, tail.clone()).await;
+        record_attempt(ctx, &tail).await;
+        outcome
+    }
+}
+
+/// Keeps the program's last lines on its attempt (what `runs show` prints
+/// for every attempt, successful ones included), and counts the items the
+/// program reported with `batchonce_progress` in the worker's metrics. A
+/// failure here changes nothing about the run: it is logged and left.
+async fn record_attempt(ctx: &JobContext, tail: &Mutex<VecDeque<String>>) {
+    let text = {
+        let t = lock(tail);
+        (!t.is_empty()).then(|| t.iter().map(String::as_str).collect::<Vec<_>>().join("\n"))
+    };
+    match crate::queue::record_output(ctx.pool(), &ctx.key, ctx.lease_token, text.as_deref()).await
+    {
+        Ok((processed, failed)) => {
+            let job = ctx.job.to_string();
+            metrics::counter!(crate::telemetry::ITEMS_PROCESSED, "job" => job.clone())
+                .increment(processed.max(0) as u64);
+            metrics::counter!(crate::telemetry::ITEMS_FAILED, "job" => job)
+                .increment(failed.max(0) as u64);
+        }
+        Err(e) => {
+            warn!(job_key = %ctx.key, attempt = ctx.attempt, error = %e,
+                  "could not record the program's output on its attempt");
+        }
     }
 }
 
@@ -221,6 +249,15 @@ pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
             ctx.run.period_end.to_rfc3339(),
         ),
         ("BATCHONCE_PAYLOAD".into(), ctx.payload.to_string()),
+        // The rule for the program's fenced transactions (shorter than a
+        // third of the lease) needs the lease it runs under.
+        (
+            "BATCHONCE_LEASE_TTL_MS".into(),
+            ctx.run.lease_ttl.as_millis().to_string(),
+        ),
+        // libpq and node-postgres name their sessions after it, so the
+        // program's own sessions count as the worker's in `runs stale`.
+        ("PGAPPNAME".into(), ctx.worker_id.clone()),
     ]
 }
 
@@ -267,7 +304,11 @@ fn program_deadline(renewal: LeaseRenewal) -> Instant {
     renewal.expires_no_earlier_than() - renewal.ttl / 4
 }
 
-async fn run_command(spec: &CommandSpec, ctx: &JobContext) -> Result<Outcome, JobError> {
+async fn run_command(
+    spec: &CommandSpec,
+    ctx: &JobContext,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) -> Result<Outcome, JobError> {
     let program = &spec.argv[0];
     // Built first: a missing database URL is a configuration problem that
     // another attempt would meet again.
@@ -298,7 +339,6 @@ async fn run_command(spec: &CommandSpec, ctx: &JobContext) -> Result<Outcome, Jo
     // process is stopped and cannot act.
     let mut sup =
         Supervised::spawn(cmd).map_err(|e| JobError::Retryable(format!("`{program}`: {e}")))?;
-    let tail = Arc::new(Mutex::new(VecDeque::new()));
     let last_stdout = Arc::new(Mutex::new(None::<String>));
     let (stdout, stderr) = sup.take_output();
     let out = forward(

@@ -150,7 +150,7 @@ async fn the_environment_exit_codes_and_timeout_follow_the_contract() {
         format!(
             r#"
 [jobs.cmd-env]
-command = ["sh", "-c", "env | grep -E '^(BATCHONCE_|DATABASE_URL=|EXTRA=)' | sort > \"$OUT/env.txt\"; pwd > \"$OUT/pwd.txt\"; echo hello from the script; echo warning on stderr >&2"]
+command = ["sh", "-c", "env | grep -E '^(BATCHONCE_|DATABASE_URL=|EXTRA=|PGAPPNAME=)' | sort > \"$OUT/env.txt\"; pwd > \"$OUT/pwd.txt\"; echo hello from the script; echo warning on stderr >&2"]
 env = {{ OUT = "{out}", EXTRA = "yes" }}
 database_url_env = "PROGRAM_DATABASE_URL"
 working_dir = "{dir}"
@@ -232,6 +232,10 @@ max_attempts = 1
         format!("BATCHONCE_DATABASE_URL={}", db.url),
         format!("DATABASE_URL={}", db.url),
         "EXTRA=yes".to_owned(),
+        // The run's lease, for the rule on fenced transactions, and the
+        // worker's id as the program's sessions' application name.
+        "BATCHONCE_LEASE_TTL_MS=30000".to_owned(),
+        "PGAPPNAME=w1".to_owned(),
     ] {
         assert!(
             env.lines().any(|l| l == want),
@@ -255,6 +259,34 @@ max_attempts = 1
     };
     assert!(said("stdout", "hello from the script"), "{log}");
     assert!(said("stderr", "warning on stderr"), "{log}");
+
+    // `runs show` keeps the last lines of every attempt, successful ones
+    // included, and of each attempt of a retried run.
+    let show = |key: &str| {
+        let out = batchonce(&db, &cfg)
+            .args(["runs", "show", key])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let shown = show(keys[0]);
+    assert!(
+        shown.contains("output of attempt 1 (last lines):")
+            && shown.contains("    stdout: hello from the script")
+            && shown.contains("    stderr: warning on stderr"),
+        "{shown}"
+    );
+    let shown = show(keys[3]);
+    assert!(
+        shown.contains("output of attempt 1 (last lines):\n    stderr: attempt 1")
+            && shown.contains("output of attempt 2 (last lines):\n    stderr: attempt 2"),
+        "{shown}"
+    );
 
     // Exit 3: SKIPPED with the last line printed as the reason.
     let (status, _, reason) = run_row(&db.pool, keys[1]).await;
@@ -973,4 +1005,79 @@ async fn a_sigstopped_workers_program_is_gone_before_another_copy_starts() {
         "the first copy wrote {:.0}ms after its lease expired",
         ms(last_first - expiry_ns)
     );
+}
+
+/// A program that reports its items with `batchonce_progress` and keeps a
+/// database session of its own: while it runs, `runs stale` sees the run
+/// advancing and the program's session under the worker's name; after, the
+/// counts stay on the run and the attempt, next to the program's last lines.
+#[tokio::test]
+async fn a_programs_progress_and_session_show_in_the_operators_view() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("cmd-progress");
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[jobs.cmd-progress]
+command = ["sh", "-c", "for i in 1 2 3; do psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -qAtc \"BEGIN; SELECT batchonce_fence('$BATCHONCE_JOB_KEY', $BATCHONCE_LEASE_TOKEN); SELECT batchonce_progress('$BATCHONCE_JOB_KEY', $BATCHONCE_LEASE_TOKEN, 10, 1); COMMIT;\" > /dev/null || exit 1; done; psql \"$DATABASE_URL\" -qAtc 'SELECT pg_sleep(5)' > /dev/null; echo settled 30 items"]
+database_url_env = "PROGRAM_DATABASE_URL"
+lease_ttl = "2s"
+stale_after = "2s"
+"#,
+    )
+    .unwrap();
+    enqueue(&db, &cfg, "cmd-progress");
+    let key = "cmd-progress:2026-09-15";
+    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    wait_for_count(
+        &db.pool,
+        "the program's own session, named after its worker",
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE application_name = 'w1' AND query LIKE 'SELECT pg_sleep(5)%'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    // Past its 2 s stale_after, while the program sleeps in its session.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let run = loop {
+        let stale = queue::stale_runs(&db.pool, Clock::Db).await.unwrap();
+        if let Some(r) = stale.into_iter().find(|r| r.job_key == key) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{key} never became stale"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(run.processed_count, 30, "{run:?}");
+    assert!(run.session_alive, "{run:?}");
+    assert_eq!(run.conclusion, "alive-slow", "{run:?}");
+    wait_status(&db.pool, key, &["SUCCEEDED"]).await;
+    assert!(stop(worker).success());
+    let (run_counts, attempt_counts): ((i64, i64), (i64, i64)) = (
+        sqlx::query_as(
+            "SELECT processed_count, failed_count FROM batch_job_run WHERE job_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap(),
+        sqlx::query_as(
+            "SELECT processed_count, failed_count FROM batch_job_attempt WHERE job_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap(),
+    );
+    assert_eq!((run_counts, attempt_counts), ((30, 3), (30, 3)));
+    let out = batchonce(&db, &cfg)
+        .args(["runs", "show", key])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(shown.contains("    stdout: settled 30 items"), "{shown}");
 }
