@@ -789,6 +789,16 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
     .await
     .unwrap();
     assert_eq!(foreign, 0);
+    // The package reported each chunk's new invoices with the chunk, so the
+    // run's count is exact across the crash: what the killed attempt counted
+    // committed with its invoices, and nothing else of it did.
+    let processed: i64 =
+        sqlx::query_scalar("SELECT processed_count FROM batch_job_run WHERE job_key = $1")
+            .bind(key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(processed, 2000);
     let log = std::fs::read_to_string(dir.join("n2.log")).unwrap();
     assert!(log.contains("new invoices"), "{log}");
     // With nothing to invoice, the script exits 3 and the run is SKIPPED.
@@ -1080,4 +1090,116 @@ stale_after = "2s"
         .unwrap();
     let shown = String::from_utf8(out.stdout).unwrap();
     assert!(shown.contains("    stdout: settled 30 items"), "{shown}");
+}
+
+/// The report example writes nothing to the database of its own: the fence
+/// alone keeps it once. It sends once per date, a duplicate enqueue sends
+/// nothing, and a copy whose lease was taken over never starts sending.
+#[tokio::test]
+async fn the_node_report_example_sends_once_and_never_after_a_lost_lease() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/node-report");
+    let example = std::fs::canonicalize(example).unwrap();
+    if !example.join("node_modules/batchonce").is_dir() {
+        let msg = format!(
+            "examples/node-report has no node_modules: run `npm ci --prefix {}`",
+            example.display()
+        );
+        assert!(std::env::var("CI").is_err(), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    }
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    sqlx::raw_sql(&std::fs::read_to_string(example.join("schema.sql")).unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // Three orders in Seoul's 2026-09-15, one the day after.
+    sqlx::query(
+        "INSERT INTO report_order VALUES (1, '2026-09-15 00:10+09'), (2, '2026-09-15 12:00+09'), \
+         (3, '2026-09-15 23:59+09'), (4, '2026-09-16 00:00+09')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let dir = scratch("cmd-report");
+    let outbox = dir.join("outbox");
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.daily-report]\ncommand = [\"node\", \"report.js\"]\nworking_dir = \"{}\"\n\
+             env = {{ REPORT_OUTBOX = \"{}\" }}\ntimezone = \"Asia/Seoul\"\n\
+             database_url_env = \"PROGRAM_DATABASE_URL\"\nlease_ttl = \"5s\"\n",
+            example.display(),
+            outbox.display()
+        ),
+    )
+    .unwrap();
+    let key = "daily-report:2026-09-15";
+    enqueue(&db, &cfg, "daily-report");
+    let w = spawn_worker(&db, &cfg, &dir, "r1");
+    wait_status(&db.pool, key, &["SUCCEEDED", "FAILED"]).await;
+    // Enqueued again: a duplicate, so nothing runs and nothing is sent.
+    let again = batchonce(&db, &cfg)
+        .args(["enqueue", "daily-report", "--date", "2026-09-15"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("duplicate"));
+    assert!(stop(w).success());
+    assert_eq!(run_row(&db.pool, key).await.0, "SUCCEEDED");
+    let sent = std::fs::read_to_string(&outbox).unwrap();
+    assert_eq!(sent, format!("{key}\torders on 2026-09-15: 3\n"));
+
+    // A copy started with a token that was taken over: refused at the fence,
+    // before it sends. The run is claimed here, then its token changes.
+    enqueue_date(&db, &cfg, "daily-report", "2026-09-16");
+    let (stale_key, token): (String, i64) = sqlx::query_as(
+        "SELECT job_key, lease_token FROM batchonce_claim(ARRAY['daily-report'], \
+         ARRAY[30::float8], 1, 'someone', NULL)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE batch_job_run SET lease_token = lease_token + 1 WHERE job_key = $1")
+        .bind(&stale_key)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let out = Command::new("node")
+        .arg("report.js")
+        .current_dir(&example)
+        .env("REPORT_OUTBOX", &outbox)
+        .env("DATABASE_URL", &db.url)
+        .env("BATCHONCE_JOB_KEY", &stale_key)
+        .env("BATCHONCE_JOB_NAME", "daily-report")
+        .env("BATCHONCE_BUSINESS_DATE", "2026-09-16")
+        .env("BATCHONCE_ATTEMPT", "1")
+        .env("BATCHONCE_LEASE_TOKEN", token.to_string())
+        .env("BATCHONCE_TIMEZONE", "Asia/Seoul")
+        .env("BATCHONCE_PERIOD_START", "2026-09-15T15:00:00+00:00")
+        .env("BATCHONCE_PERIOD_END", "2026-09-16T15:00:00+00:00")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lease lost for daily-report:2026-09-16"),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&outbox).unwrap(),
+        sent,
+        "the copy without a lease sent"
+    );
+}
+
+fn enqueue_date(db: &TestDb, config: &Path, job: &str, date: &str) {
+    let out = batchonce(db, config)
+        .args(["enqueue", job, "--date", date])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -33,6 +33,46 @@ fn psql() -> String {
     }
 }
 
+/// How the script is written: `psql` with hand-written `batchonce_fence`
+/// calls, or Node.js with the `batchonce` package's `fenced`.
+#[derive(Clone, Copy, PartialEq)]
+enum Script {
+    Psql,
+    NodePackage,
+}
+
+/// The Node.js script: the same transactions through `fenced`, each also
+/// reporting its row with `tx.progress`.
+fn write_node_script(dir: &Path, hold: f64) -> PathBuf {
+    let script = dir.join("fenced.js");
+    std::fs::write(
+        &script,
+        format!(
+            r#"'use strict';
+const b = require(process.env.NODE_PKG);
+const {{ Client }} = require(process.env.NODE_PKG + '/node_modules/pg');
+b.run(async (ctx) => {{
+  const db = new Client({{ connectionString: ctx.databaseUrl }});
+  await db.connect();
+  try {{
+    for (let i = 1; i <= {TRANSACTIONS}; i++) {{
+      await b.fenced(db, ctx, async (tx) => {{
+        await tx.query('SELECT pg_sleep($1)', [{hold}]);
+        await tx.query('INSERT INTO lease_probe (job_key, n, token) VALUES ($1, $2, $3)', [ctx.key, i, ctx.leaseToken]);
+        tx.progress(1);
+      }});
+    }}
+  }} finally {{
+    await db.end();
+  }}
+}});
+"#
+        ),
+    )
+    .unwrap();
+    script
+}
+
 /// A script whose transactions each hold the fence for `hold` seconds.
 fn write_script(dir: &Path, hold: f64) -> PathBuf {
     let script = dir.join("fenced.sh");
@@ -62,6 +102,10 @@ done
 }
 
 async fn hold_for(fraction: f64) {
+    hold_with(fraction, Script::Psql).await;
+}
+
+async fn hold_with(fraction: f64, kind: Script) {
     let db = TestDb::new(&batchonce_workers::migrations()).await;
     sqlx::query(
         "CREATE TABLE lease_probe (job_key text NOT NULL, n int NOT NULL, token bigint NOT NULL, \
@@ -72,15 +116,23 @@ async fn hold_for(fraction: f64) {
     .unwrap();
     let dir = scratch(&format!("command-lease-{}", (fraction * 100.0) as u32));
     let ttl = 2.0;
-    let script = write_script(&dir, ttl * fraction);
+    let command = match kind {
+        Script::Psql => format!("\"{}\"", write_script(&dir, ttl * fraction).display()),
+        Script::NodePackage => format!(
+            "\"node\", \"{}\"]\nenv = {{ NODE_PKG = \"{}\" }}\n#",
+            write_node_script(&dir, ttl * fraction).display(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../clients/node")
+                .display()
+        ),
+    };
     let cfg = dir.join("batchonce.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[jobs.fenced-script]\ncommand = [\"{}\"]\nlease_ttl = \"{ttl}s\"\nmax_attempts = 3\n\
+            "[jobs.fenced-script]\ncommand = [{command}]\nlease_ttl = \"{ttl}s\"\nmax_attempts = 3\n\
              database_url_env = \"FENCED_DATABASE_URL\"\n\
-             backoff = \"200ms\"\nbackoff_max = \"400ms\"\n",
-            script.display()
+             backoff = \"200ms\"\nbackoff_max = \"400ms\"\n"
         ),
     )
     .unwrap();
@@ -155,6 +207,14 @@ async fn hold_for(fraction: f64) {
             .await
             .unwrap();
     assert_eq!((rows, tokens), (TRANSACTIONS, 1));
+    if kind == Script::NodePackage {
+        // The package reported each row with its transaction.
+        let processed: i64 = sqlx::query_scalar("SELECT processed_count FROM batch_job_run")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(processed, TRANSACTIONS);
+    }
     eprintln!(
         "fence held {:.0}% of a {ttl}s lease in {TRANSACTIONS} transactions: SUCCEEDED in one attempt, {:.1}s",
         fraction * 100.0,
@@ -170,6 +230,27 @@ async fn a_script_holding_its_fence_half_the_lease_keeps_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_holding_its_fence_nine_tenths_of_the_lease_keeps_it() {
     hold_for(0.9).await;
+}
+
+/// The same rule, followed by a script written with the Node.js package.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_script_with_the_package_holding_nine_tenths_of_the_lease_keeps_it() {
+    let node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let deps = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../clients/node/node_modules/pg")
+        .exists();
+    if !(node && deps) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "node or clients/node/node_modules is missing (npm ci --prefix clients/node)"
+        );
+        eprintln!("skipped: node or clients/node/node_modules is missing");
+        return;
+    }
+    hold_with(0.9, Script::NodePackage).await;
 }
 
 /// A worker stopped past its lease: its supervisor kills the program, and
