@@ -156,6 +156,11 @@ async fn hold_with(fraction: f64, kind: Script) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let log = dir.join("worker.log");
     let mut worker = base()
         .env("RUST_LOG", "info")
@@ -168,7 +173,7 @@ async fn hold_with(fraction: f64, kind: Script) {
             "--poll-interval",
             "200ms",
             "--metrics-addr",
-            "127.0.0.1:0",
+            &format!("127.0.0.1:{port}"),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -184,6 +189,17 @@ async fn hold_with(fraction: f64, kind: Script) {
     )
     .await;
     let took = started.elapsed();
+    if kind == Script::NodePackage {
+        // The items the program reported reach the worker's counters.
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        let items = text
+            .lines()
+            .find(|l| l.starts_with("batchonce_items_processed_total{job=\"fenced-script\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        assert_eq!(items, Some(TRANSACTIONS as f64), "{text}");
+    }
     let _ = kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM);
     let _ = worker.wait();
     let logs = std::fs::read_to_string(&log).unwrap();
