@@ -1,6 +1,9 @@
-//! The command line (DESIGN.md §6). Parsing and output live here; every
-//! command delegates to the queue, worker or demo modules. Errors are one line
-//! on stderr and a non-zero exit.
+//! The command-line layer (DESIGN.md §6), the top of the engine. Parsing and
+//! output live here; every command delegates to the queue, runtime or ops
+//! layers. Errors are one line on stderr and a non-zero exit. This layer must
+//! never hold SQL of its own or decide about a run: what it prints comes
+//! from the queue's views, and what it changes goes through the queue's
+//! functions.
 //!
 //! `mod.rs` holds the arguments, `main`, logging and the usage-error line; `commands.rs` what each
 //! top-level command does; `runs.rs` the `runs` subcommands; `watch.rs` `runs watch`; `keys.rs` the

@@ -1,6 +1,13 @@
-//! The configuration file (`batchonce.toml`): one `[jobs.<name>]` table per job
-//! kind with its time zone and policies. Parsing is strict: an unknown key, a
-//! bad time zone or a bad duration is an error that names the key.
+//! The configuration layer: what the operator declares (`batchonce.toml`:
+//! one `[jobs.<name>]` table per job with its time zone and policies, in
+//! `mod.rs`, and command jobs' keys in `command.rs`) and what a run is
+//! frozen with when it is enqueued (`context.rs`). Parsing is strict: an
+//! unknown key, a bad time zone or a bad duration is an error that names the
+//! key.
+//!
+//! This layer must never touch the database or the clock, and never decide
+//! anything about a run that already exists: once enqueued, a run is judged
+//! by the context stored with it, not by any file.
 //!
 //! The `batchonce.toml` parser. It produces a `Config` holding a `JobConfig` per job the file
 //! declares: for a registered kind named by a `[jobs.<name>]` table, the kind's `default_config()`
