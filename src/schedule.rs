@@ -9,8 +9,6 @@
 //! fires once at the first valid instant after the gap; an ambiguous local
 //! time (the clock falls back over it) fires once, at its earlier occurrence.
 //!
-//! Schedules and business periods.
-//!
 //! - `CronSchedule` parses a five-field cron expression (minute, hour, day of month, month, day of
 //!   week) with the `croner` crate and keeps its text. It refuses a seconds field and a year field,
 //!   because periods are keyed to the minute, and an expression that never fires (`"0 1 31 2 *"

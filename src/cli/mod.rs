@@ -15,63 +15,6 @@
 //! `produce` (`--once`, `--interval`, `--now`, `--metrics-addr`), `preflight` (`--processes`), the
 //! hidden `preflight-racer`, `worker` (with `--metrics-addr` and `--max-connections`), `exporter`
 //! (`--interval`, `--metrics-addr`), `runs list`, `runs show` (with the operator actions), `runs
-//! stale`, `runs fail|rerun|skip KEY --reason R --operator O [--force] [--dry-run]`, `status` and
-//! `roles` (`--prefix`, `--schema`, `--apply`), plus the global options `--database-url`,
-//! `--config`, `--json` and `--log-format` and `--pgbouncer` (which `dispatch` refuses for
-//! `migrate`, `roles`, `preflight` and `demo` and otherwise passes to `db::set_transaction_pooler`
-//! before anything connects). Before parsing anything, `cli::main` calls
-//! `supervisor::run_if_invoked()`, which turns the process into a command job's supervisor when its
-//! first argument is `__batchonce-supervise`. It also sets up logging (tracing, JSON when stderr is
-//! not a terminal; `info` by default for `worker`, `exporter` and `produce` without `--once`,
-//! `warn` otherwise), loads the configuration against the registry's default configs, then, in
-//! `dispatch`, adds the configuration's command jobs to the registry with
-//! `command::register_commands`, so every command that follows knows them, and installs the signal
-//! handler: the first SIGTERM/SIGINT triggers `shutdown`; the second logs `second signal: exiting
-//! now; …` and calls `std::process::exit(128 + signal)` without releasing anything, because whoever
-//! signals twice wants the process gone, and the leases expire and are recovered as after a crash.
-//! For `worker`, `exporter` and the `produce` loop, `spawn_metrics` starts `telemetry::serve` on
-//! `--metrics-addr` (default `127.0.0.1:9464`) and a task that runs `SELECT 1` (simple protocol, so
-//! it is safe through any pooler) on the command's pool, every 10 s while it succeeds and every
-//! second while it fails, and sets the ready flag `/readyz` reports. The worker starts it before
-//! `wait_for_schema`, so `/healthz` answers while the worker waits for its database. The worker's
-//! main pool, which the handlers, claims, the recovery pass, the readiness check and the LISTEN
-//! connection share, has `--max-connections` connections (1–1000, default `--concurrency` + 3), and
-//! its heartbeat pool one more of its own, so a main pool smaller than the concurrency slows
-//! handlers but never delays a heartbeat; `--listen-url` adds one direct connection for LISTEN
-//! (required with `--pgbouncer` unless `--no-listen`), and the worker logs the sum as `connection
-//! budget`. `exporter` connects lazily (`batchonce-exporter`, two connections) and runs
-//! `exporter::run` until SIGTERM/SIGINT. Before `worker` calls `worker::run`, `wait_for_schema`
-//! retries `pending_migrations` with a backoff from 200 ms doubling to 10 s while the error is
-//! transient; a signal during that wait exits 0. If a migration is pending, the command fails with
-//! one line, `` the database is not migrated (N migrations pending, first V): run `batchonce
-//! migrate` ``. `runs stale` (like `status` and `runs list`, which read no configuration to judge
-//! or filter runs) prints, per run, the key and conclusion and three lines of evidence, plus, for
-//! `blocked`, the waiting session and the sessions it waits for, or `no stale runs`. `runs
-//! fail|rerun|skip` parse the key, check `--operator` and `--reason` with `validate_operator` and
-//! `validate_reason`, which apply `text::operator` and `text::reason` and prefix the error with the
-//! flag (`invalid --operator: …`), take `max_attempts` from the key's job configuration and the
-//! engine's default `stale_after` (both serve only a run that stores none), and call
-//! `queue::blockers::act` with `--lock-timeout`, `--terminate-blocker` and `--dry-run`. A `Refused`
-//! becomes an error. `ActError::Blocked` prints its one error line and, in text mode, the indented
-//! sessions on stderr, or, with `--json`, one object on stdout, and exits 1. Short commands log at
-//! `warn,sqlx::query=error` by default, so sqlx's warning about a slow statement (an action that
-//! waited for a row) never comes before the command's own error. `roles` without `--apply` prints
-//! `roles::sql(prefix, schema)` and needs no database; with `--apply` it connects
-//! (`batchonce-roles`, one connection) and calls `roles::apply`. Every error becomes one
-//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `text::truncate`
-//! cuts it to 1,000 characters, so an error that quotes a huge input stays one bounded line, and
-//! `text::escape_for_terminal` escapes what a terminal would act on. Every print path that shows
-//! stored text (`runs show`, `runs list`, `runs stale`, `status`, the configuration drift, the
-//! operator actions' results and the blocker messages) passes each stored string through
-//! `text::escape_for_terminal` (imported as `esc`), and their `--json` output goes through
-//! `text::json_for_terminal`; the values are printed, never obeyed (`workers/tests/terminal.rs`). A
-//! clap usage error is reduced to its first paragraph on one line, cut the same way, and followed
-//! by `(see batchonce --help)`. Usage errors exit 2, and other errors exit 1.
-//!
-//! The command line (clap derive): `demo`, `migrate`, `enqueue` (`--date`, or `--from`/`--to`),
-//! `produce` (`--once`, `--interval`, `--now`, `--metrics-addr`), `preflight` (`--processes`), the
-//! hidden `preflight-racer`, `worker` (with `--metrics-addr` and `--max-connections`), `exporter`
-//! (`--interval`, `--metrics-addr`), `runs list`, `runs show` (with the operator actions), `runs
 //! stale [--fail-if-dead]`, `runs watch KEY [--interval]`, `runs fail|rerun|skip KEY --reason R
 //! --operator O [--force] [--dry-run]` (each with `after_help`: the states it allows and an
 //! example, which `workers/tests/cli_ux.rs` parses), `status` and `roles` (`--prefix`, `--schema`,
@@ -103,12 +46,14 @@
 //! retries `pending_migrations` with a backoff from 200 ms doubling to 10 s while the error is
 //! transient; a signal during that wait exits 0. If a migration is pending, the command fails with
 //! one line, `` the database is not migrated (N migrations pending, first V): run `batchonce
-//! migrate` ``. `runs stale` builds a `StaleSpec` per configured job and prints, per run, the key
+//! migrate` ``. `runs stale` (like `status` and `runs list`, which read no configuration to judge or filter
+//! runs) prints, per run, the key
 //! and conclusion and three lines of evidence, plus, for `blocked`, the waiting session and the
 //! sessions it waits for, or `no stale runs`. `runs fail|rerun|skip` parse the key, check
 //! `--operator` and `--reason` with `validate_operator` and `validate_reason`, which apply
 //! `text::operator` and `text::reason` and prefix the error with the flag (`invalid --operator:
-//! …`), take `stale_after` and `max_attempts` from the key's job configuration, and call
+//! …`), take `max_attempts` from the key's job configuration and the engine's default `stale_after`
+//! (both serve only a run that stores none), and call
 //! `queue::blockers::act` with `--lock-timeout`, `--terminate-blocker` and `--dry-run`. A `Refused`
 //! becomes an error. `ActError::Blocked` prints its one error line and, in text mode, the indented
 //! sessions on stderr, or, with `--json`, one object on stdout, and exits 1. Short commands log at

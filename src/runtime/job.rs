@@ -3,8 +3,6 @@
 //! (time zone, period, policies), the rest of its configuration, fenced
 //! transactions for every write, progress counters and a cancellation signal.
 //!
-//! The job API.
-//!
 //! - `Job` is the trait a job kind implements: `name`, `default_config`, `migrations`, `demo` and
 //!   `run`.
 //! - `JobContext` is what the handler gets: key, business date, attempt, token, worker id, `run`

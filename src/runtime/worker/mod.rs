@@ -4,7 +4,7 @@
 //! and shuts down gracefully. Transient database errors are logged and retried
 //! with backoff; they never end the process.
 //!
-//! The worker runtime. `worker::run` owns one process's claim loop. It claims up to the number of
+//! `worker::run` owns one process's claim loop. It claims up to the number of
 //! free permits of a `Semaphore` sized `--concurrency`, and wakes on NOTIFY, on `--poll-interval`,
 //! when a task ends, or when a handler gives its slot back (`slot_freed`); it yields once before
 //! each claim so that the tasks ready to give their slots back do so first and one claim takes them
