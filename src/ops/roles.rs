@@ -334,9 +334,13 @@ mod tests {
             assert!(s.contains(&format!("\"bo_{part}\"")), "{part}");
             assert!(!s.contains(&format!(" bo_{part};")), "{part} unquoted");
         }
-        assert!(s.contains(
-            "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue\" TO \"bo_producer\""
-        ));
+        assert!(
+            s.contains(
+                "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue\", \
+                 \"public\".\"batchonce_enqueue_declared\" TO \"bo_producer\""
+            ),
+            "{s}"
+        );
         assert!(s.contains("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA \"public\" FROM PUBLIC"));
     }
 

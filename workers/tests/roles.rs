@@ -131,6 +131,29 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
         "SELECT * FROM batchonce_claim(ARRAY['daily-settlement'], ARRAY[30::float8], 1, 'p', NULL)",
     )
     .await;
+    // An application enqueues as the producer too: the function is its to
+    // call (it refuses here only because no live process declares the job).
+    {
+        let pool = batchonce::db::connect(&url("producer"), "roles-test", 1)
+            .await
+            .unwrap();
+        let err = sqlx::query(
+            "SELECT * FROM batchonce_enqueue_declared('undeclared-job', ARRAY[DATE '2026-09-15'])",
+        )
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code().map(|c| c.into_owned()));
+        assert_eq!(code.as_deref(), Some("BO002"), "{err}");
+        pool.close().await;
+    }
+    denied(
+        &url("program"),
+        "SELECT * FROM batchonce_enqueue_declared('daily-settlement', ARRAY[DATE '2026-09-15'])",
+    )
+    .await;
 
     // A worker settles the date.
     let mut worker = Command::new(BIN)
@@ -353,6 +376,9 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     for f in [
         "SELECT batchonce_fence('x:1', 1)",
         "SELECT batchonce_new_token()",
+        "SELECT * FROM batchonce_attempt_output('x:1', 1, 'o')",
+        "SELECT * FROM batchonce_enqueue_declared('x', ARRAY[DATE '2026-09-15'])",
+        "SELECT batchonce_start_of_day(DATE '2026-09-15', 'UTC')",
         "SELECT * FROM batchonce_due_runs(ARRAY['x'], 1, now())",
         "SELECT * FROM batchonce_enqueue(ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::date[], ARRAY[]::int[], ARRAY[]::jsonb[], NULL, ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::timestamptz[], ARRAY[]::timestamptz[], ARRAY[]::text[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::text[], ARRAY[]::int[], ARRAY[]::float8[], ARRAY[]::float8[], ARRAY[]::bigint[], ARRAY[]::int[])",
     ] {
