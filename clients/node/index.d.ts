@@ -1,4 +1,4 @@
-import type { Client, PoolClient, QueryResult } from 'pg';
+import type { Client, Pool, PoolClient } from 'pg';
 
 /** The run a command job works on, from the worker's environment. */
 export interface RunContext {
@@ -11,14 +11,16 @@ export interface RunContext {
   readonly attempt: number;
   /** A 64-bit integer, kept as a string: never round it through a JS number. */
   readonly leaseToken: string;
+  /** The worker's id (`BATCHONCE_WORKER_ID`); null when it is not set. */
   readonly workerId: string | null;
   /** The run's IANA time zone, fixed when it was enqueued. */
   readonly timezone: string;
   /** The period `[periodStart, periodEnd)`. */
   readonly periodStart: Date;
   readonly periodEnd: Date;
-  /** The run's lease; keep each fenced transaction under a third of it. */
+  /** The run's lease; keep each fenced transaction under a third of it. Null when the worker does not say. */
   readonly leaseTtlMs: number | null;
+  /** `BATCHONCE_PAYLOAD`, parsed (`{}` when it is not set). */
   readonly payload: unknown;
   /** `BATCHONCE_DATABASE_URL` (or `DATABASE_URL`), given with `database_url_env`. */
   readonly databaseUrl: string | null;
@@ -41,36 +43,56 @@ export interface FencedTx {
   progress(processed: number, failed?: number): void;
 }
 
+/** Reads and checks the run's context; throws ContextError naming the first bad variable. */
 export function context(env?: NodeJS.ProcessEnv): RunContext;
+/**
+ * BEGIN; batchonce_fence; fn(tx); batchonce_progress when tx.progress was called; COMMIT.
+ * Needs one connection (a Client, or a client from pool.connect()), never a Pool.
+ * Rejects with LeaseLostError (nothing committed) when the lease is gone.
+ */
 export function fenced<T>(
   client: Client | PoolClient,
   ctx: RunContext,
-  fn: (tx: FencedTx) => Promise<T>,
+  fn: (tx: FencedTx) => Promise<T> | T,
 ): Promise<T>;
-export function run(main: (ctx: LiveRunContext) => Promise<void>, env?: NodeJS.ProcessEnv): Promise<void>;
-export function skip(reason: string): void;
+/** The script's entry point: exit 0, 3 (SkipRun), 2 (FatalError, ContextError) or 1. */
+export function run(main: (ctx: LiveRunContext) => Promise<void> | void, env?: NodeJS.ProcessEnv): Promise<void>;
+/** Prints `reason` as the last stdout line and exits 3 at once (no `finally` runs). */
+export function skip(reason: string): never;
 
 export interface EnqueueReport {
   enqueued: string[];
   duplicates: string[];
   skipped: string[];
 }
+/**
+ * Enqueues a declared daily job for each date (a `YYYY-MM-DD` string, or a Date
+ * taken at its UTC calendar date), 1 to 366 of them within 1970-01-01..2199-12-31.
+ */
 export function enqueue(
-  client: Client | PoolClient,
+  client: Client | PoolClient | Pool,
   request: { job: string; dates: Array<Date | string>; payload?: unknown },
 ): Promise<EnqueueReport>;
 
-export class ContextError extends Error {}
+export class ContextError extends Error {
+  constructor(message: string);
+}
 export class LeaseLostError extends Error {
+  constructor(key: string, cause?: unknown);
   readonly key: string;
 }
 export class SkipRun extends Error {
   constructor(reason: string);
   readonly reason: string;
 }
-export class FatalError extends Error {}
-export class StoppedError extends Error {}
+export class FatalError extends Error {
+  constructor(message: string);
+}
+export class StoppedError extends Error {
+  constructor();
+}
 export class EnqueueError extends Error {
+  constructor(message: string, code: 'BO002' | 'BO003' | 'BO004' | '22023');
   /** `BO002` no live process declares the job, `BO003` they disagree, `BO004` a per-firing job, `22023` bad input. */
-  readonly code: string;
+  readonly code: 'BO002' | 'BO003' | 'BO004' | '22023';
 }

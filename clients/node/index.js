@@ -3,6 +3,7 @@
 // copy that lost its lease writes can commit), progress the operator sees,
 // skip, a clean stop on shutdown, and enqueue from an application.
 'use strict';
+const fs = require('node:fs');
 
 /** A variable of the run's environment is missing or malformed. */
 class ContextError extends Error {
@@ -62,13 +63,35 @@ function oneLine(s) {
 
 const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
 
-function parseDate(name, v) {
+/** `v` if it is a real calendar date `YYYY-MM-DD`, else null. */
+function calendarDate(v) {
   const m = DATE.exec(v);
-  const d = m && new Date(Date.UTC(+m[1], +m[2] - 1, +m[3]));
-  if (!m || d.getUTCFullYear() !== +m[1] || d.getUTCMonth() !== +m[2] - 1 || d.getUTCDate() !== +m[3]) {
+  if (!m) return null;
+  const d = new Date(Date.UTC(+m[1], +m[2] - 1, +m[3]));
+  d.setUTCFullYear(+m[1]); // years 0-99 too
+  if (d.getUTCFullYear() !== +m[1] || d.getUTCMonth() !== +m[2] - 1 || d.getUTCDate() !== +m[3]) return null;
+  return v;
+}
+
+function parseDate(name, v) {
+  if (calendarDate(v) === null) {
     throw new ContextError(`${name} is ${JSON.stringify(v)}: expected a date YYYY-MM-DD`);
   }
   return v;
+}
+
+// RFC 3339 with its offset: without one, JavaScript would read local time.
+const INSTANT = /^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$/;
+const INT64_MIN = -(2n ** 63n);
+const INT64_MAX = 2n ** 63n - 1n;
+
+function isTimeZone(tz) {
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: tz });
+    return true;
+  } catch (_) {
+    return false;
+  }
 }
 
 /**
@@ -89,23 +112,23 @@ function context(env = process.env) {
   if (!/^[a-z0-9]+(-[a-z0-9]+)*$/.test(job)) {
     throw new ContextError(`BATCHONCE_JOB_NAME is ${JSON.stringify(job)}: expected a job name such as nightly-invoices`);
   }
-  if (!key.startsWith(`${job}:`)) {
-    throw new ContextError(`BATCHONCE_JOB_KEY is ${JSON.stringify(key)}: expected ${job}:<period>`);
+  if (!key.startsWith(`${job}:`) || !/^[0-9T:-]+$/.test(key.slice(job.length + 1))) {
+    throw new ContextError(`BATCHONCE_JOB_KEY is ${JSON.stringify(key)}: expected ${job}:<period>, e.g. ${job}:2026-09-15`);
   }
   const businessDate = parseDate('BATCHONCE_BUSINESS_DATE', need('BATCHONCE_BUSINESS_DATE'));
   const attemptText = need('BATCHONCE_ATTEMPT');
-  if (!/^[1-9]\d{0,3}$/.test(attemptText)) {
+  if (!/^[1-9]\d{0,8}$/.test(attemptText)) {
     throw new ContextError(`BATCHONCE_ATTEMPT is ${JSON.stringify(attemptText)}: expected a whole number from 1`);
   }
   const leaseToken = need('BATCHONCE_LEASE_TOKEN');
-  if (!/^-?\d{1,19}$/.test(leaseToken)) {
+  if (!/^-?\d{1,19}$/.test(leaseToken) || BigInt(leaseToken) < INT64_MIN || BigInt(leaseToken) > INT64_MAX) {
     throw new ContextError(`BATCHONCE_LEASE_TOKEN is ${JSON.stringify(leaseToken)}: expected a 64-bit integer`);
   }
   const instant = (name) => {
     const v = need(name);
     const t = new Date(v);
-    if (Number.isNaN(t.getTime()) || !/^\d{4}-\d{2}-\d{2}T/.test(v)) {
-      throw new ContextError(`${name} is ${JSON.stringify(v)}: expected an RFC 3339 instant`);
+    if (!INSTANT.test(v) || Number.isNaN(t.getTime())) {
+      throw new ContextError(`${name} is ${JSON.stringify(v)}: expected an RFC 3339 instant with its offset, e.g. 2026-09-14T15:00:00+00:00`);
     }
     return t;
   };
@@ -129,6 +152,10 @@ function context(env = process.env) {
     }
     leaseTtlMs = Number(env.BATCHONCE_LEASE_TTL_MS);
   }
+  const timezone = need('BATCHONCE_TIMEZONE');
+  if (!isTimeZone(timezone)) {
+    throw new ContextError(`BATCHONCE_TIMEZONE is ${JSON.stringify(timezone)}: expected an IANA time zone such as Asia/Seoul`);
+  }
   return Object.freeze({
     key,
     job,
@@ -136,7 +163,7 @@ function context(env = process.env) {
     attempt: Number(attemptText),
     leaseToken,
     workerId: env.BATCHONCE_WORKER_ID || null,
-    timezone: need('BATCHONCE_TIMEZONE'),
+    timezone,
     periodStart,
     periodEnd,
     leaseTtlMs,
@@ -156,6 +183,16 @@ function count(name, n) {
   return n;
 }
 
+// A pg.Pool runs each query on whichever connection is free, so BEGIN, the
+// fence and the caller's writes could each land on a different one.
+function isPool(c) {
+  return c && typeof c.release !== 'function' && 'totalCount' in c && 'idleCount' in c;
+}
+
+// The clients inside a fenced transaction: a nested `fenced` on the same
+// client would COMMIT the outer transaction early.
+const inFence = new WeakSet();
+
 /**
  * Runs `fn(tx)` in one transaction on `client` that first calls
  * `batchonce_fence`: it commits only while this attempt holds the run's
@@ -164,73 +201,103 @@ function count(name, n) {
  * rejects with LeaseLostError; any error rolls the transaction back.
  */
 async function fenced(client, ctx, fn) {
+  if (!client || typeof client.query !== 'function' || isPool(client)) {
+    throw new TypeError('fenced needs one connection: a pg Client, or a client from pool.connect() (not a Pool, whose queries may each run on another connection)');
+  }
+  if (!ctx || typeof ctx.key !== 'string' || typeof ctx.leaseToken !== 'string') {
+    throw new TypeError('fenced needs the run\'s context, from batchonce.context() or run()');
+  }
+  if (typeof fn !== 'function') throw new TypeError('fenced needs a function (tx) => ...');
+  if (inFence.has(client)) {
+    throw new Error('fenced: this client is already in a fenced transaction; use its tx instead of nesting');
+  }
+  inFence.add(client);
   const began = Date.now();
   let processed = 0;
   let failed = 0;
+  let open = true;
   const tx = {
     query: (...args) => client.query(...args),
     progress(p, f = 0) {
-      processed += count('processed', p);
-      failed += count('failed', f);
+      if (!open) throw new Error('tx.progress called after its fenced transaction ended');
+      const np = processed + count('processed', p);
+      const nf = failed + count('failed', f);
+      processed = np;
+      failed = nf;
     },
   };
-  await client.query('BEGIN');
   try {
-    await client.query('SELECT batchonce_fence($1, $2)', [ctx.key, ctx.leaseToken]);
-    const result = await fn(tx);
-    if (processed > 0 || failed > 0) {
-      await client.query('SELECT batchonce_progress($1, $2, $3, $4)', [ctx.key, ctx.leaseToken, processed, failed]);
+    await client.query('BEGIN');
+    try {
+      await client.query('SELECT batchonce_fence($1, $2)', [ctx.key, ctx.leaseToken]);
+      const result = await fn(tx);
+      open = false;
+      if (processed > 0 || failed > 0) {
+        await client.query('SELECT batchonce_progress($1, $2, $3, $4)', [ctx.key, ctx.leaseToken, processed, failed]);
+      }
+      await client.query('COMMIT');
+      return result;
+    } catch (e) {
+      open = false;
+      try {
+        await client.query('ROLLBACK');
+      } catch (_) {
+        // The connection may be gone; the server rolls back then.
+      }
+      if (isLeaseLost(e)) throw new LeaseLostError(ctx.key, e);
+      throw e;
     }
-    await client.query('COMMIT');
+  } finally {
+    open = false;
+    inFence.delete(client);
     const took = Date.now() - began;
     if (ctx.leaseTtlMs && took > ctx.leaseTtlMs / 3) {
-      process.stderr.write(`batchonce: a fenced transaction of ${ctx.key} took ${took} ms, more than a third of its ${ctx.leaseTtlMs} ms lease; keep each one shorter, or the lease may not be renewed in time\n`);
+      process.stderr.write(`batchonce: a fenced transaction of ${ctx.key} took ${took} ms, more than a third of its ${ctx.leaseTtlMs} ms lease; keep each one shorter (smaller chunks), or the lease may not be renewed in time\n`);
     }
-    return result;
-  } catch (e) {
-    try {
-      await client.query('ROLLBACK');
-    } catch (_) {
-      // The connection may be gone; the server rolls back then.
-    }
-    if (isLeaseLost(e)) throw new LeaseLostError(ctx.key, e);
-    throw e;
   }
 }
 
-/** Ends the attempt as SKIPPED with `reason` (printed as the last line on stdout, exit 3). */
+/**
+ * Ends the attempt as SKIPPED at once: prints `reason` (one line) as the
+ * last line on stdout and exits 3, without running any `finally`. Inside
+ * `run`, `throw new SkipRun(reason)` is the gentler way.
+ */
 function skip(reason) {
-  process.stdout.write(`${oneLine(reason)}\n`, () => process.exit(3));
+  fs.writeSync(1, `${oneLine(reason)}\n`);
+  process.exit(3);
 }
 
-function exitWith(code, line, stream) {
-  const out = stream === 'stdout' ? process.stdout : process.stderr;
-  process.exitCode = code;
-  if (line) out.write(`${line}\n`);
+function write(stream, line) {
+  if (line) (stream === 'stdout' ? process.stdout : process.stderr).write(`${line}\n`);
 }
+
+// How long `run` waits, once `main` has settled, for the event loop to empty
+// before it exits anyway (something such as a client not ended is left).
+const EXIT_GRACE_MS = 1000;
 
 /**
  * The entry point of a command job: `run(async (ctx) => { ... })`. It reads
  * the context, stops the script cleanly on SIGTERM (`ctx.stopping`,
  * `ctx.signal`, `ctx.throwIfStopping()`), and turns how `main` ends into
  * the exit code batchonce expects: 0 success; SkipRun → 3 with its reason;
- * FatalError or ContextError → 2; anything else → 1 (retried).
+ * FatalError or ContextError → 2; anything else → 1 (retried). It owns the
+ * process: call it once, as the script's entry point.
  */
 async function run(main, env = process.env) {
+  if (typeof main !== 'function') throw new TypeError('run needs a function async (ctx) => { ... }');
   let ctx;
   try {
     ctx = context(env);
   } catch (e) {
-    exitWith(2, e.message);
+    finish(2, e instanceof ContextError ? e.message : (e && e.stack) || String(e));
     return;
   }
   const controller = new AbortController();
   const state = { stopping: false };
+  // Once: a second SIGTERM or ^C then ends the process at once.
   const stop = () => {
-    if (!state.stopping) {
-      state.stopping = true;
-      controller.abort();
-    }
+    state.stopping = true;
+    controller.abort(new StoppedError());
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
@@ -246,25 +313,45 @@ async function run(main, env = process.env) {
   });
   try {
     await main(live);
-    exitWith(0);
+    finish(0);
   } catch (e) {
-    if (e instanceof SkipRun) exitWith(3, e.reason, 'stdout');
-    else if (e instanceof FatalError) exitWith(2, e.message);
-    else if (e instanceof LeaseLostError) exitWith(1, e.message);
-    else if (e instanceof StoppedError) exitWith(1, e.message);
-    else exitWith(1, (e && e.stack) || String(e));
+    if (e instanceof SkipRun) finish(3, e.reason, 'stdout');
+    else if (e instanceof FatalError || e instanceof ContextError) finish(2, e.message);
+    else if (e instanceof LeaseLostError || e instanceof StoppedError) finish(1, e.message);
+    else finish(1, (e && e.stack) || String(e));
   } finally {
     process.removeListener('SIGTERM', stop);
     process.removeListener('SIGINT', stop);
   }
 }
 
+function finish(code, line, stream) {
+  write(stream, line);
+  process.exitCode = code;
+  setTimeout(() => {
+    process.stderr.write(`batchonce: the script's work is done but something still keeps it running (a database client not ended?); exiting with ${code}\n`);
+    process.exit(code);
+  }, EXIT_GRACE_MS).unref();
+}
+
+const FIRST_DATE = '1970-01-01';
+const LAST_DATE = '2199-12-31';
+
 function isoDate(d) {
+  let s;
   if (d instanceof Date) {
-    if (Number.isNaN(d.getTime())) throw new TypeError('an invalid Date');
-    return d.toISOString().slice(0, 10);
+    if (Number.isNaN(d.getTime())) throw new TypeError('dates: an invalid Date');
+    s = d.toISOString().slice(0, 10); // the Date's UTC calendar date
+  } else if (typeof d === 'string') {
+    s = d;
+  } else {
+    throw new TypeError(`dates: ${JSON.stringify(d)} is neither a Date nor a YYYY-MM-DD string`);
   }
-  return parseDate('a date', String(d));
+  if (calendarDate(s) === null) throw new TypeError(`dates: ${JSON.stringify(s)} is not a date YYYY-MM-DD`);
+  if (s < FIRST_DATE || s > LAST_DATE) {
+    throw new TypeError(`dates: ${s} is outside ${FIRST_DATE}..${LAST_DATE}`);
+  }
+  return s;
 }
 
 /**
@@ -274,21 +361,21 @@ function isoDate(d) {
  * already existed (duplicates, untouched) and the ones the business
  * calendar skips (recorded as SKIPPED).
  */
-async function enqueue(client, { job, dates, payload = {} }) {
+async function enqueue(client, { job, dates, payload = {} } = {}) {
+  if (typeof job !== 'string' || !/^[a-z0-9]+(-[a-z0-9]+)*$/.test(job)) {
+    throw new TypeError(`job is ${JSON.stringify(job)}: expected a job name such as nightly-invoices`);
+  }
   if (!Array.isArray(dates) || dates.length === 0) {
     throw new TypeError('dates must be a non-empty array of Date or YYYY-MM-DD');
   }
-  let list;
-  try {
-    list = dates.map(isoDate);
-  } catch (e) {
-    throw new TypeError(`dates: ${e.message}`);
-  }
+  const list = dates.map(isoDate);
+  const json = JSON.stringify(payload);
+  if (json === undefined) throw new TypeError('payload must be JSON');
   let rows;
   try {
     ({ rows } = await client.query(
       'SELECT job_key, outcome FROM batchonce_enqueue_declared($1, $2::date[], $3::jsonb)',
-      [job, list, JSON.stringify(payload)],
+      [job, list, json],
     ));
   } catch (e) {
     if (e && ['BO002', 'BO003', 'BO004', '22023'].includes(e.code)) {
@@ -300,7 +387,8 @@ async function enqueue(client, { job, dates, payload = {} }) {
   for (const r of rows) {
     if (r.outcome === 'enqueued') out.enqueued.push(r.job_key);
     else if (r.outcome === 'duplicate') out.duplicates.push(r.job_key);
-    else out.skipped.push(r.job_key);
+    else if (r.outcome === 'skipped') out.skipped.push(r.job_key);
+    else throw new Error(`batchonce_enqueue_declared returned an unknown outcome ${JSON.stringify(r.outcome)} for ${r.job_key}`);
   }
   return out;
 }

@@ -8,14 +8,24 @@
 const { Client } = require('pg');
 const batchonce = require('batchonce');
 
+// A knob from the job's `env` table: a whole number, or the default.
+function knob(name, dflt, min) {
+  const v = process.env[name];
+  if (v === undefined || v === '') return dflt;
+  if (!/^\d+$/.test(v) || Number(v) < min || !Number.isSafeInteger(Number(v))) {
+    throw new batchonce.FatalError(`${name} is ${JSON.stringify(v)}: expected a whole number from ${min}`);
+  }
+  return Number(v);
+}
+
 batchonce.run(async (ctx) => {
   if (!ctx.databaseUrl) {
     // batchonce passes a database URL only when the job names the worker's
     // variable that holds it: database_url_env = "INVOICES_DATABASE_URL".
     throw new batchonce.FatalError('DATABASE_URL is not set: run this script as a batchonce command job (give the job database_url_env in batchonce.toml, naming a variable of the worker that holds this script\'s URL)');
   }
-  const chunk = Number(process.env.INVOICE_CHUNK || 100);
-  const pauseMs = Number(process.env.INVOICE_PAUSE_MS || 0);
+  const chunk = knob('INVOICE_CHUNK', 100, 1); // rows per fenced transaction
+  const pauseMs = knob('INVOICE_PAUSE_MS', 0, 0); // a pause between chunks
   const date = ctx.businessDate;
   const db = new Client({ connectionString: ctx.databaseUrl });
   await db.connect();

@@ -142,6 +142,9 @@ max_attempts = 3
         assert!(env.contains_key("PATH"), "{env:?}");
         assert_eq!(env["BATCHONCE_WORKER_ID"], "w-env");
         assert!(env["BATCHONCE_LEASE_TOKEN"].parse::<i64>().is_ok());
+        // The program's own sessions carry the worker's name, so they count
+        // as evidence in `runs stale`.
+        assert_eq!(env["PGAPPNAME"], "w-env");
     }
     // Without database_url_env, no URL at all.
     assert!(!bare.contains_key("DATABASE_URL"), "{bare:?}");
@@ -154,6 +157,7 @@ max_attempts = 3
                 || name.starts_with("LC_")
                 || name.starts_with("BATCHONCE_")
                 || name == "PWD"
+                || name == "PGAPPNAME"
                 || named_keys.contains(&name.as_str());
             assert!(allowed, "{job}: {name} reached the program");
         }
