@@ -16,8 +16,10 @@
 //! 3. `queue/`: every statement on the run and attempt tables.
 //! 4. `runtime/`: the producer, the worker, the job API, command jobs and the
 //!    process registry.
-//! 5. `ops/`: demo, preflight, roles, exporter and the embedded cluster.
-//! 6. `cli/`: the command line, one file per command group.
+//! 5. `console/`: the operator's web console.
+//! 6. `ops/`: demo (which can leave the console running), preflight, roles,
+//!    exporter and the embedded cluster.
+//! 7. `cli/`: the command line, one file per command group.
 //!
 //! The API a job kind uses is re-exported here: `Job`, `JobContext`,
 //! `JobDemo`, `JobError`, `Outcome`, `Registry`, `Verification`, `Clock`,
@@ -36,6 +38,8 @@ pub mod config;
 pub mod queue;
 
 pub mod runtime;
+
+pub mod console;
 
 pub mod ops;
 

@@ -20,9 +20,10 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 2),
     ("queue", 3),
     ("runtime", 4),
-    ("ops", 5),
-    ("cli", 6),
-    ("testing", 7),
+    ("console", 5),
+    ("ops", 6),
+    ("cli", 7),
+    ("testing", 8),
 ];
 
 fn layer(module: &str) -> Option<u8> {

@@ -30,7 +30,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             Command::Migrate => Some("migrate"),
             Command::Roles { .. } => Some("roles"),
             Command::Preflight { .. } | Command::PreflightRacer { .. } => Some("preflight"),
-            Command::Demo => Some("demo"),
+            Command::Demo { .. } => Some("demo"),
             _ => None,
         };
         if let Some(name) = direct {
@@ -39,7 +39,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         db::set_transaction_pooler(true);
     }
     let mut config = load_config(&cli, &registry)?;
-    if matches!(cli.command, Command::Demo) {
+    if matches!(cli.command, Command::Demo { .. }) {
         // The bundled kinds are samples: the demo declares them for itself.
         config = config.declare_all(&registry.default_configs());
     }
@@ -48,8 +48,10 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
     let known = crate::runtime::command::register_commands(registry, &config);
     let registry = known.only(config.jobs.keys());
     match &cli.command {
-        Command::Demo => {
-            let ok = crate::ops::demo::run(&registry, cli.database_url.as_deref(), &config).await?;
+        Command::Demo { console } => {
+            let ok =
+                crate::ops::demo::run(&registry, cli.database_url.as_deref(), &config, *console)
+                    .await?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -138,6 +140,63 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             let server = spawn_metrics(*metrics_addr, &pool, &signals);
             crate::ops::exporter::run(pool, config, *interval, signals.shutdown.clone()).await;
             let _ = server.await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Console {
+            listen,
+            users,
+            proxy_user_header,
+            proxy_secret_env,
+            secure_cookies,
+            hash_password,
+        } => {
+            if *hash_password {
+                let mut line = String::new();
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .context("cannot read the password from standard input")?;
+                let password = line.trim_end_matches(['\n', '\r']);
+                if password.chars().count() < 8 {
+                    bail!("the password is shorter than 8 characters");
+                }
+                println!("{}", crate::console::auth::hash_password(password)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let users = match users {
+                Some(path) => crate::console::auth::Users::load(path)?,
+                None => crate::console::auth::Users::from_hashes(&[]),
+            };
+            let proxy = match (proxy_user_header, proxy_secret_env) {
+                (Some(header), Some(var)) => {
+                    let secret = std::env::var(var).unwrap_or_default();
+                    if secret.chars().count() < 16 {
+                        bail!("--proxy-secret-env {var}: the variable is unset or shorter than 16 characters");
+                    }
+                    let header = header.to_ascii_lowercase();
+                    if axum::http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                        bail!("--proxy-user-header {header:?} is not a header name");
+                    }
+                    Some(crate::console::ProxyAuth {
+                        user_header: header,
+                        secret,
+                    })
+                }
+                _ => None,
+            };
+            if !listen.ip().is_loopback() && !*secure_cookies {
+                tracing::warn!(%listen, "the console listens beyond loopback without --secure-cookies: put it behind HTTPS");
+            }
+            let url = require_url(&cli)?;
+            let pool = db::connect_lazy(url, "batchonce-console", 4)?;
+            let signals = Shutdown::default();
+            spawn_signal_handler(signals.clone())?;
+            let opts = crate::console::ConsoleOptions {
+                listen: *listen,
+                users,
+                proxy,
+                secure_cookies: *secure_cookies,
+            };
+            crate::console::serve(pool, opts, signals.shutdown.clone()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Produce {
@@ -319,7 +378,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 let pool = db::connect(require_url(&cli)?, "batchonce-roles", 1).await?;
                 crate::ops::roles::apply(&pool, prefix, &opts).await?;
                 println!(
-                    "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator, {prefix}_readonly and {prefix}_program are in place{}",
+                    "roles {prefix}_migrator, {prefix}_producer, {prefix}_worker, {prefix}_operator, {prefix}_readonly, {prefix}_program and {prefix}_console are in place{}",
                     if *keep_direct_writes { ", with the previous release's direct writes kept" } else { "" }
                 );
             } else {

@@ -139,7 +139,12 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// The whole system on one machine, on the embedded default database.
-    Demo,
+    Demo {
+        /// Then leave the console running on the demo's data, here
+        /// (default 127.0.0.1:8470), with a one-time login printed.
+        #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8470")]
+        console: Option<std::net::SocketAddr>,
+    },
     /// Applies the migrations of the engine and of every declared job kind.
     Migrate,
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
@@ -232,6 +237,35 @@ enum Command {
         /// Serve /metrics, /healthz and /readyz here.
         #[arg(long, default_value = "127.0.0.1:9464")]
         metrics_addr: std::net::SocketAddr,
+    },
+    /// Serves the operator's web console: every job's business dates at a
+    /// glance, runs, stale runs, the audit log and workers; operators fail,
+    /// re-run and skip runs with a reason, audited as on the command line.
+    Console {
+        /// Where to listen; loopback unless told otherwise.
+        #[arg(long, default_value = "127.0.0.1:8470")]
+        listen: std::net::SocketAddr,
+        /// The users file (or BATCHONCE_CONSOLE_USERS): TOML `[[user]]`
+        /// entries with `name`, `role` (viewer or operator) and
+        /// `password_hash` (from `--hash-password`).
+        #[arg(long, env = "BATCHONCE_CONSOLE_USERS")]
+        users: Option<PathBuf>,
+        /// Sign users in from this header, set by a trusted reverse proxy;
+        /// needs --proxy-secret-env. The user must be in the users file,
+        /// which gives the role.
+        #[arg(long, requires = "proxy_secret_env")]
+        proxy_user_header: Option<String>,
+        /// The environment variable holding the secret the proxy sends in
+        /// `X-Batchonce-Proxy-Secret` (at least 16 characters).
+        #[arg(long, requires = "proxy_user_header")]
+        proxy_secret_env: Option<String>,
+        /// Mark cookies `Secure`: browsers reach the console over HTTPS.
+        #[arg(long)]
+        secure_cookies: bool,
+        /// Print an argon2id hash of the password read from standard input
+        /// (one line), for the users file, and exit.
+        #[arg(long)]
+        hash_password: bool,
     },
     /// Inspects runs.
     Runs {
@@ -522,6 +556,7 @@ fn init_logging(cli: &Cli) {
     let default = match cli.command {
         Command::Worker { .. }
         | Command::Exporter { .. }
+        | Command::Console { .. }
         | Command::Produce { once: false, .. } => "info",
         // Short commands report their own errors; sqlx's warning that a
         // statement was slow (an operator action waiting for a row) would

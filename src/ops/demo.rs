@@ -100,7 +100,12 @@ fn config_toml(config: &Config) -> String {
     s
 }
 
-pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> anyhow::Result<bool> {
+pub async fn run(
+    registry: &Registry,
+    url: Option<&str>,
+    config: &Config,
+    console: Option<std::net::SocketAddr>,
+) -> anyhow::Result<bool> {
     let started = Instant::now();
     let home = home();
     std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
@@ -135,7 +140,7 @@ pub async fn run(registry: &Registry, url: Option<&str>, config: &Config) -> any
             u
         }
     };
-    let result = run_on(registry, &server_url, config, &home, started).await;
+    let result = run_on(registry, &server_url, config, &home, started, console).await;
     if let Some(c) = cluster.filter(|c| c.started_here) {
         let _ = tokio::task::spawn_blocking(move || c.stop()).await;
     }
@@ -148,6 +153,7 @@ async fn run_on(
     config: &Config,
     home: &std::path::Path,
     started: Instant,
+    console: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<bool> {
     // A fresh database each time, so the demo always shows a first run.
     let admin = db::connect(server_url, "batchonce-demo", 2).await?;
@@ -382,5 +388,57 @@ async fn run_on(
         },
         started.elapsed().as_secs_f64()
     );
+    if let Some(addr) = console {
+        serve_console(&pool, &demo_cfg, addr).await?;
+    }
     Ok(ok)
+}
+
+/// Leaves the console running on the demo's data until Ctrl-C, with a
+/// one-time operator login printed here. The demo's configuration is
+/// recorded as a producer's, so the calendars show what the schedules
+/// expected.
+async fn serve_console(
+    pool: &sqlx::PgPool,
+    cfg: &Config,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    use crate::console::auth::{hash_password, random_token, Role, Users};
+    let jobs: Vec<(crate::key::JobName, &JobConfig)> =
+        cfg.jobs.iter().map(|(n, c)| (n.clone(), c)).collect();
+    crate::runtime::worker_registry::register_process(
+        pool,
+        "demo-producer",
+        crate::runtime::worker_registry::Role::Producer,
+        env!("CARGO_PKG_VERSION"),
+        crate::runtime::worker_registry::ONE_SHOT_LIVE,
+        &jobs,
+    )
+    .await?;
+    // 24 hex digits of the system's randomness: shown once, never stored.
+    let password = random_token()[..24].to_owned();
+    let hash = tokio::task::spawn_blocking(move || hash_password(&password).map(|h| (h, password)))
+        .await
+        .context("hashing panicked")??;
+    let users = Users::from_hashes(&[("demo", Role::Operator, hash.0)]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        on_signal.cancel();
+    });
+    println!();
+    println!(
+        "console: http://{addr}/  (sign in as demo, one-time password {})",
+        hash.1
+    );
+    println!("         Ctrl-C stops it");
+    let opts = crate::console::ConsoleOptions {
+        listen: addr,
+        users,
+        proxy: None,
+        secure_cookies: false,
+    };
+    crate::console::serve(pool.clone(), opts, stop).await?;
+    Ok(())
 }

@@ -1,5 +1,5 @@
 //! `batchonce roles`: least-privilege database roles for each part of the
-//! system, as SQL to review or to apply. Six group roles (NOLOGIN); an
+//! system, as SQL to review or to apply. Seven group roles (NOLOGIN); an
 //! administrator grants them to login roles:
 //!
 //! - `<prefix>_migrator`: DDL on the schema; runs `migrate` and `preflight`,
@@ -20,6 +20,9 @@
 //!   exporter, dashboards).
 //! - `<prefix>_program`: a command job's program: the fence and progress
 //!   functions, nothing else; grant it the program's own tables.
+//! - `<prefix>_console`: `batchonce console`: reads everything, and acts
+//!   only through the audited check and apply functions (no
+//!   `--terminate-blocker`, no ending of sessions).
 //!
 //! Nobody but the table owner may update, delete or truncate the audit
 //! table; its trigger refuses even the owner, and another stamps every row
@@ -31,9 +34,10 @@
 //! `a-z`, `0-9` and `_` starting with a letter, the schema must be ASCII letters, digits and `_`,
 //! and every identifier is quoted all the same (`ident`).
 //!
-//! - It creates six `NOLOGIN` group roles, `<prefix>_migrator`, `_producer`, `_worker`,
-//!   `_operator`, `_readonly` and `_program`, each only if missing; grants `USAGE` on the schema to
-//!   all, `CREATE` to the migrator, `pg_read_all_stats` to the operator and read-only roles,
+//! - It creates seven `NOLOGIN` group roles, `<prefix>_migrator`, `_producer`, `_worker`,
+//!   `_operator`, `_readonly`, `_program` and `_console`, each only if missing; grants `USAGE` on
+//!   the schema to all, `CREATE` to the migrator, `pg_read_all_stats` to the operator, read-only
+//!   and console roles,
 //!   `pg_signal_backend` to the operator.
 //! - Once the schema holds `batchonce_enqueue` (this release's migrations ran), it grants on what
 //!   exists: every role but the program reads the tables, except that the worker reads no engine
@@ -42,7 +46,7 @@
 //!   registered kinds' output tables (`Registry::output_tables`), never their sources; the worker
 //!   and producer write their own `batch_worker` and `batch_process_config` rows; each role
 //!   executes its own state-change functions (`WORKER_FUNCTIONS`, `PRODUCER_FUNCTIONS`,
-//!   `OPERATOR_FUNCTIONS`, `PROGRAM_FUNCTIONS`) and no function of the schema is executable by
+//!   `OPERATOR_FUNCTIONS`, `PROGRAM_FUNCTIONS`, `CONSOLE_FUNCTIONS`) and no function of the schema is executable by
 //!   `PUBLIC`.
 //! - `keep_direct_writes` (`--keep-direct-writes`) adds back the direct writes the previous
 //!   release's processes make, for the expand step of a rolling upgrade.
@@ -87,6 +91,9 @@ const OPERATOR_FUNCTIONS: &[&str] = &[
     "batchonce_operator_hold_row",
 ];
 const PROGRAM_FUNCTIONS: &[&str] = &["batchonce_fence", "batchonce_progress"];
+/// The console acts only through the audited check and apply; it cannot
+/// write the audit row of `--terminate-blocker` or end a session.
+const CONSOLE_FUNCTIONS: &[&str] = &["batchonce_operator_check", "batchonce_operator_apply"];
 
 /// Role names are `<prefix>_<part>`; the prefix is checked so it can be
 /// spliced into SQL as an identifier.
@@ -138,13 +145,14 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         return Err(format!("invalid schema name {schema:?}"));
     }
     let name = |part: &str| format!("{prefix}_{part}");
-    let (m, p, w, o, r, g) = (
+    let (m, p, w, o, r, g, c) = (
         ident(&name("migrator")),
         ident(&name("producer")),
         ident(&name("worker")),
         ident(&name("operator")),
         ident(&name("readonly")),
         ident(&name("program")),
+        ident(&name("console")),
     );
     let s = ident(schema);
     let mut out = String::new();
@@ -154,7 +162,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n"
     ));
     for part in [
-        "migrator", "producer", "worker", "operator", "readonly", "program",
+        "migrator", "producer", "worker", "operator", "readonly", "program", "console",
     ] {
         let role = name(part);
         out.push_str(&format!(
@@ -164,7 +172,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
     }
     out.push_str(&format!(
         "\n-- Everyone uses the schema; only the migrator changes it.\n\
-         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g};\n\
+         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g}, {c};\n\
          GRANT CREATE ON SCHEMA {s} TO {m};\n"
     ));
     let engine = ENGINE_TABLES
@@ -197,14 +205,14 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {w}"),
         format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {w}"),
         format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {w}"),
-        format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {p}, {o}, {r}"),
+        format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {p}, {o}, {r}, {c}"),
         "-- Nobody but the owner deletes; the roles may have had more before.".to_owned(),
-        format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}, {g}"),
-        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}"),
-        format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}"),
+        format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}, {g}, {c}"),
+        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
+        format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
         "-- The engine's tables: no role writes a run, an attempt or an audit row itself; the functions below do.".to_owned(),
-        format!("REVOKE ALL ON {engine} FROM {p}, {w}, {o}, {r}, {g}"),
-        format!("GRANT SELECT ON {engine} TO {p}, {o}, {r}"),
+        format!("REVOKE ALL ON {engine} FROM {p}, {w}, {o}, {r}, {g}, {c}"),
+        format!("GRANT SELECT ON {engine} TO {p}, {o}, {r}, {c}"),
         "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
         format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
         "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
@@ -214,11 +222,12 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
             table("batch_process_config")
         ),
         "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
-        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}"),
+        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}"),
         format!("GRANT EXECUTE ON FUNCTION {} TO {w}", functions(WORKER_FUNCTIONS)),
         format!("GRANT EXECUTE ON FUNCTION {} TO {p}", functions(PRODUCER_FUNCTIONS)),
         format!("GRANT EXECUTE ON FUNCTION {} TO {o}", functions(OPERATOR_FUNCTIONS)),
         format!("GRANT EXECUTE ON FUNCTION {} TO {g}", functions(PROGRAM_FUNCTIONS)),
+        format!("GRANT EXECUTE ON FUNCTION {} TO {c}", functions(CONSOLE_FUNCTIONS)),
     ];
     if !output_tables.is_empty() {
         on_tables.push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
@@ -238,7 +247,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
     out.push_str(&format!(
         "\n-- `runs stale` reads other roles' sessions (pg_stat_activity), and\n\
          -- `runs fail --terminate-blocker` ends the session that holds a run.\n\
-         GRANT pg_read_all_stats TO {o}, {r};\n\
+         GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
          GRANT pg_signal_backend TO {o};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
          DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue') IS NOT NULL THEN\n"
@@ -255,7 +264,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         "\n-- Tables the migrator creates later can be read; writing a new output table,\n\
          -- like calling a new function, waits until `batchonce roles` runs again.\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w};\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r};\n\
+         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r}, {c};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n"
@@ -319,7 +328,7 @@ mod tests {
             "EXECUTE 'REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA \"public\" FROM \"bo_worker\"'"
         ));
         assert!(sql("bo", "public", &opts(&["x; drop"])).is_err());
-        assert!(s.contains("EXECUTE 'REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"bo_producer\", \"bo_worker\", \"bo_operator\", \"bo_readonly\", \"bo_program\"'"));
+        assert!(s.contains("EXECUTE 'REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"bo_producer\", \"bo_worker\", \"bo_operator\", \"bo_readonly\", \"bo_program\", \"bo_console\"'"));
         // Nothing in the SQL needs quoting inside EXECUTE '...'.
         assert!(!s.contains("''"));
         assert!(!s.contains("DELETE ON \"public\".\"batch_operator_action\""));
@@ -329,7 +338,7 @@ mod tests {
     fn every_identifier_is_quoted() {
         let s = sql("bo", "public", &opts(&["settlement_item"])).unwrap();
         for part in [
-            "migrator", "producer", "worker", "operator", "readonly", "program",
+            "migrator", "producer", "worker", "operator", "readonly", "program", "console",
         ] {
             assert!(s.contains(&format!("\"bo_{part}\"")), "{part}");
             assert!(!s.contains(&format!(" bo_{part};")), "{part} unquoted");
@@ -342,6 +351,12 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA \"public\" FROM PUBLIC"));
+        // The console acts only through the audited check and apply.
+        assert!(s.contains(
+            "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_operator_check\", \
+             \"public\".\"batchonce_operator_apply\" TO \"bo_console\""
+        ));
+        assert!(!s.contains("pg_signal_backend TO \"bo_operator\", \"bo_console\""));
     }
 
     #[test]

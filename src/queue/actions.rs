@@ -19,7 +19,9 @@
 //!   status; `session_user_name` takes its default, `session_user`). Because of the row lock, of
 //!   two operators acting at once the second waits and is checked against the first one's result,
 //!   so the same action never applies twice. `preview_action` (`--dry-run`) runs `check_action` and
-//!   rolls back. `apply_action_in` and `preview_action_in` do the same in a transaction the caller
+//!   rolls back. `blockers::act_from` (the console) records the operator's remote address and
+//!   refuses a run that left the previewed state (`Origin`). `apply_action_in` and `preview_action_in` do the
+//!   same in a transaction the caller
 //!   opened, which is how `blockers::act` sets a lock timeout; `check_action(…, lock: false)` reads
 //!   the row without locking it.
 
@@ -194,7 +196,21 @@ pub async fn apply_action(
     req: &OperatorRequest,
     clock: Clock,
 ) -> Result<Result<ActionOutcome, Refused>, QueueError> {
-    apply_action_in(pool, pool.begin().await?, req, clock).await
+    apply_action_in(pool, pool.begin().await?, req, clock, None).await
+}
+
+/// Where an action comes from when it is not the command line
+/// (`blockers::act_from`).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    /// The operator's remote address, recorded in the audit row's
+    /// `remote_addr` (the stamp trigger reads it from a setting local to the
+    /// action's transaction, so no caller can write the column itself).
+    pub remote_addr: String,
+    /// The state the operator's preview showed: the action applies only if
+    /// the run is still in it, so a confirmation never applies to a run
+    /// another operator changed in between.
+    pub expected_before: Option<String>,
 }
 
 /// [`apply_action`] in a transaction the caller opened (and may have set a
@@ -204,11 +220,21 @@ pub(crate) async fn apply_action_in(
     mut tx: Transaction<'static, Postgres>,
     req: &OperatorRequest,
     clock: Clock,
+    expected_before: Option<&str>,
 ) -> Result<Result<ActionOutcome, Refused>, QueueError> {
     let before = match check_action(&mut tx, req, clock, true).await? {
         Ok(b) => b,
         Err(refused) => return Ok(Err(refused)),
     };
+    if let Some(expected) = expected_before.filter(|e| *e != before) {
+        tx.rollback().await?;
+        return Ok(Err(Refused {
+            action: req.action.as_str(),
+            key: req.key.to_string(),
+            status: before,
+            detail: format!(" now, not {expected} as when the action was previewed; look again"),
+        }));
+    }
     let allowed: Vec<&str> = req.action.allowed(req.force).to_vec();
     let message = truncate(&format!(
         "{} by operator {}: {}",

@@ -500,6 +500,19 @@ pub async fn act(
     clock: Clock,
     opts: ActOptions,
 ) -> Result<ActReport, ActError> {
+    act_from(pool, req, clock, opts, None).await
+}
+
+/// [`act`] from somewhere other than the command line (the console): the
+/// audit row records `origin`'s remote address, and the action applies only
+/// to the state `origin` previewed.
+pub async fn act_from(
+    pool: &PgPool,
+    req: &OperatorRequest,
+    clock: Clock,
+    opts: ActOptions,
+    origin: Option<&super::Origin>,
+) -> Result<ActReport, ActError> {
     let blocked = |blockers, terminated| {
         ActError::Blocked(Box::new(Blocked {
             action: req.action.as_str(),
@@ -509,7 +522,7 @@ pub async fn act(
             terminated,
         }))
     };
-    let blockers = match attempt(pool, req, clock, opts, &[]).await?.0 {
+    let blockers = match attempt(pool, req, clock, opts, &[], origin).await?.0 {
         Attempt::Done(outcome) => {
             return Ok(ActReport {
                 outcome,
@@ -549,7 +562,7 @@ pub async fn act(
         ))
         .into());
     }
-    let (outcome, terminated) = attempt(pool, req, clock, opts, &targets).await?;
+    let (outcome, terminated) = attempt(pool, req, clock, opts, &targets, origin).await?;
     match outcome {
         Attempt::Done(outcome) => Ok(ActReport {
             outcome,
@@ -579,8 +592,18 @@ async fn attempt(
     clock: Clock,
     opts: ActOptions,
     end: &[Session],
+    origin: Option<&super::Origin>,
 ) -> Result<(Attempt, Vec<Session>), QueueError> {
     let mut tx = pool.begin().await?;
+    if let Some(o) = origin {
+        // The stamp trigger copies it into the audit row's `remote_addr`;
+        // local to this transaction, so no other action inherits it.
+        crate::db::query("SELECT set_config('batchonce.remote_addr', $1, true)")
+            .bind(crate::text::truncate(&o.remote_addr))
+            .execute(&mut *tx)
+            .await?;
+    }
+    let expected = origin.and_then(|o| o.expected_before.as_deref());
     // For this transaction only, so it holds through PgBouncer too, whose
     // server connection stays the same for one transaction (and so does
     // the pid).
@@ -593,7 +616,7 @@ async fn attempt(
         if opts.dry_run {
             super::preview_action_in(tx, req, clock).await
         } else {
-            super::apply_action_in(pool, tx, req, clock).await
+            super::apply_action_in(pool, tx, req, clock, expected).await
         }
     };
     tokio::pin!(action);

@@ -26,6 +26,8 @@
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
 //! - `runs.rs`: `runs list`, `runs show` and a run's operator history.
+//! - `search.rs`: the console's filtered, keyset-paged run lists, each job's
+//!   newest run, and the audit log.
 //! - `views.rs`: `status`, `stale_runs` and the exporter's `gauges`, which
 //!   share one SQL rule for what is stale (`LIVE`), from each run's stored
 //!   policies and never from a configuration file (a run without stored
@@ -42,9 +44,12 @@ mod enqueue;
 mod finish;
 mod lease;
 mod runs;
+mod search;
 mod views;
 
-pub use actions::{apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Refused};
+pub use actions::{
+    apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused,
+};
 pub(crate) use actions::{apply_action_in, preview_action_in};
 pub use enqueue::{delete_preflight_run, enqueue, EnqueueReport, NewRun, PREFLIGHT_JOB};
 pub use finish::{
@@ -57,6 +62,9 @@ pub use lease::{
     MIN_FENCED_IDLE,
 };
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
+pub use search::{
+    audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,
+};
 pub use views::{
     gauges, stale_runs, status, JobGauges, QueueStatus, StaleBrief, StaleRun, StatusCount,
 };

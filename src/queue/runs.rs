@@ -67,12 +67,13 @@ pub struct AttemptView {
     pub output: Option<String>,
 }
 
-const RUN_COLUMNS: &str = "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
+pub(super) const RUN_COLUMNS: &str =
+    "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
     r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
     r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
     r.failed_count, r.error_message, now() AS read_at";
 
-fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
+pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     Ok(RunView {
         job_key: row.try_get("job_key")?,
         job_name: row.try_get("job_name")?,

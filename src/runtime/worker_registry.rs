@@ -326,3 +326,76 @@ pub async fn fingerprint_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sql
         .map(|r| Ok((r.try_get("job_name")?, r.try_get("n")?)))
         .collect()
 }
+
+/// One registered process, for the console's workers page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProcessView {
+    pub worker_id: String,
+    pub role: String,
+    pub host: String,
+    pub pid: i32,
+    pub version: String,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub last_seen: chrono::DateTime<chrono::Utc>,
+    /// Whether it promised a sign of life that is not yet overdue.
+    pub live: bool,
+    /// The jobs it recorded a configuration for, with the fingerprint.
+    pub jobs: Vec<(String, String)>,
+}
+
+/// Every registered process (live first, then the most recently seen),
+/// with the configuration fingerprints it recorded.
+pub async fn processes(pool: &PgPool) -> Result<Vec<ProcessView>, sqlx::Error> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        "SELECT w.worker_id, w.role, w.host, w.pid, w.version, w.started_at, w.last_seen, \
+                (w.live_until > now()) AS live, \
+                COALESCE(array_agg(c.job_name::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{}') AS job_names, \
+                COALESCE(array_agg(c.fingerprint::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{}') AS fingerprints \
+         FROM batch_worker w LEFT JOIN batch_process_config c ON c.process_id = w.worker_id \
+         GROUP BY w.worker_id \
+         ORDER BY (w.live_until > now()) DESC, w.last_seen DESC, w.worker_id \
+         LIMIT 1000",
+    )
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    rows.iter()
+        .map(|r| {
+            let names: Vec<String> = r.try_get("job_names")?;
+            let prints: Vec<String> = r.try_get("fingerprints")?;
+            Ok(ProcessView {
+                worker_id: r.try_get("worker_id")?,
+                role: r.try_get("role")?,
+                host: r.try_get("host")?,
+                pid: r.try_get("pid")?,
+                version: r.try_get("version")?,
+                started_at: r.try_get("started_at")?,
+                last_seen: r.try_get("last_seen")?,
+                live: r.try_get("live")?,
+                jobs: names.into_iter().zip(prints).collect(),
+            })
+        })
+        .collect()
+}
+
+/// The settings a producer most recently recorded for `job` (its schedule,
+/// time zone, period rule and business calendar), or those of any process
+/// when no producer recorded it; `None` when nobody did.
+pub async fn recorded_settings(
+    pool: &PgPool,
+    job: &JobName,
+) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let settings = crate::db::query_scalar(
+        "SELECT c.settings FROM batch_process_config c \
+         JOIN batch_worker w ON w.worker_id = c.process_id \
+         WHERE c.job_name = $1 \
+         ORDER BY (w.role = 'producer') DESC, c.recorded_at DESC LIMIT 1",
+    )
+    .bind(job.as_str())
+    .fetch_optional(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    Ok(settings)
+}

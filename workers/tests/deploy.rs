@@ -1,8 +1,10 @@
 //! The deployment files in `deploy/`: the Kubernetes manifests have the
 //! structure that matters (probes on the metrics port, a termination grace
 //! period longer than the worker's `--grace`, at least two producers, a
-//! `migrate` Job, a NetworkPolicy that admits only the scraper and only to
-//! the metrics port), the systemd units have the settings that matter, every
+//! `migrate` Job, one console whose users file comes from a Secret, behind
+//! a ClusterIP Service, NetworkPolicies that admit only the scraper and
+//! only to the metrics port, and only the ingress controller and only to the
+//! console's port), the systemd units have the settings that matter, every
 //! `batchonce` command line in them uses only subcommands and flags that the
 //! binary's `--help` lists, the long-running ones start and answer their
 //! probes, and `systemd-analyze verify` accepts the units where it is
@@ -454,11 +456,12 @@ fn every_manifest_is_a_resource_and_kustomization_lists_them_all() {
             assert!(!name(m).is_empty(), "{}: empty metadata.name", m.file);
         }
     }
-    assert_eq!(kinds.get("Deployment"), Some(&3), "{kinds:?}");
+    assert_eq!(kinds.get("Deployment"), Some(&4), "{kinds:?}");
     assert_eq!(kinds.get("Job"), Some(&1), "{kinds:?}");
     assert_eq!(kinds.get("ConfigMap"), Some(&1), "{kinds:?}");
+    assert_eq!(kinds.get("Service"), Some(&1), "{kinds:?}");
     assert_eq!(kinds.get("Kustomization"), Some(&1), "{kinds:?}");
-    assert_eq!(kinds.get("NetworkPolicy"), Some(&1), "{kinds:?}");
+    assert_eq!(kinds.get("NetworkPolicy"), Some(&2), "{kinds:?}");
 
     // kustomization.yaml must list every other file, and only files that
     // exist, so that `kubectl apply -k` applies what this test checks.
@@ -495,33 +498,40 @@ fn port_of(addr: &str) -> i64 {
         .unwrap_or_else(|| panic!("no port in {addr:?}"))
 }
 
-/// Probes on /healthz and /readyz at the port of `--metrics-addr`, which
-/// binds to every address, since the kubelet probes from outside the pod's
-/// loopback interface.
-fn check_probes(m: &Manifest, c: &Yaml, argv: &[String]) {
-    let addr = flag_value(argv, "--metrics-addr")
-        .unwrap_or_else(|| panic!("{}: no --metrics-addr", m.file));
+/// A container's port as a probe or a Service names it: a number, or the
+/// name of one of the container's `ports`.
+fn container_port(m: &Manifest, c: &Yaml, port: &Yaml, what: &str) -> i64 {
+    match port {
+        Yaml::Integer(p) => *p,
+        Yaml::String(named) => vec_of(&c["ports"], "ports")
+            .iter()
+            .find(|p| p["name"].as_str() == Some(named))
+            .and_then(|p| p["containerPort"].as_i64())
+            .unwrap_or_else(|| panic!("{}: {what} names port {named}", m.file)),
+        other => panic!("{}: {what} is {other:?}", m.file),
+    }
+}
+
+/// Probes on /healthz (liveness) and `readiness` at the port of the address
+/// that `addr_flag` gives (`--metrics-addr`, or the console's `--listen`),
+/// which binds to every address, since the kubelet probes from outside the
+/// pod's loopback interface. Returns that port.
+fn check_probes(m: &Manifest, c: &Yaml, argv: &[String], addr_flag: &str, readiness: &str) -> i64 {
+    let addr = flag_value(argv, addr_flag).unwrap_or_else(|| panic!("{}: no {addr_flag}", m.file));
     assert!(
         addr.starts_with("0.0.0.0:") || addr.starts_with("[::]:"),
-        "{}: --metrics-addr {addr} cannot be reached by the kubelet's probes",
+        "{}: {addr_flag} {addr} cannot be reached by the kubelet's probes",
         m.file
     );
     let port = port_of(addr);
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", readiness)] {
         let get = &c[probe]["httpGet"];
         assert_eq!(get["path"].as_str(), Some(path), "{}: {probe}", m.file);
-        // A named port must name the container port of the metrics address.
-        let probe_port = match &get["port"] {
-            Yaml::Integer(p) => *p,
-            Yaml::String(named) => vec_of(&c["ports"], "ports")
-                .iter()
-                .find(|p| p["name"].as_str() == Some(named))
-                .and_then(|p| p["containerPort"].as_i64())
-                .unwrap_or_else(|| panic!("{}: {probe} names port {named}", m.file)),
-            other => panic!("{}: {probe}.httpGet.port is {other:?}", m.file),
-        };
+        // A named port must name the container port of the address.
+        let probe_port = container_port(m, c, &get["port"], &format!("{probe}.httpGet.port"));
         assert_eq!(probe_port, port, "{}: {probe} port", m.file);
     }
+    port
 }
 
 /// `--config` names a file of a ConfigMap volume, and that ConfigMap holds it.
@@ -577,16 +587,139 @@ fn pod_name(deployment: &str) -> String {
     format!("{prefix}x2x4z")
 }
 
+/// The console's `--users` file comes from a Secret volume, never from a
+/// ConfigMap, since it holds password hashes; only root (the files' owner)
+/// and the pod's fsGroup may read it, and the console reads it through that
+/// group, since it runs as another user than root.
+fn check_users_secret(m: &Manifest, c: &Yaml, argv: &[String]) {
+    let users = flag_value(argv, "--users").unwrap_or_else(|| panic!("{}: no --users", m.file));
+    let path = Path::new(users);
+    let dir = path.parent().unwrap().to_str().unwrap();
+    let key = path.file_name().unwrap().to_str().unwrap();
+    let mount = vec_of(&c["volumeMounts"], &format!("{}: volumeMounts", m.file))
+        .iter()
+        .find(|v| v["mountPath"].as_str() == Some(dir))
+        .unwrap_or_else(|| panic!("{}: nothing mounted at {dir} for --users", m.file));
+    assert_eq!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "{}: the users mount is writable",
+        m.file
+    );
+    let volume_name = str_of(&mount["name"], "volumeMounts.name");
+    let volume = vec_of(&pod_spec(m)["volumes"], "volumes")
+        .iter()
+        .find(|v| v["name"].as_str() == Some(volume_name))
+        .unwrap_or_else(|| panic!("{}: no volume {volume_name}", m.file));
+    let secret = &volume["secret"];
+    assert!(
+        secret["secretName"].as_str().is_some(),
+        "{}: the users file (password hashes) does not come from a Secret: volume {volume_name} is no Secret volume",
+        m.file
+    );
+    // Without items the Secret's keys are the file names.
+    if !secret["items"].is_badvalue() {
+        assert!(
+            vec_of(&secret["items"], "items")
+                .iter()
+                .any(|i| i["path"].as_str() == Some(key)),
+            "{}: the Secret's items give no {key}",
+            m.file
+        );
+    }
+    // Kubernetes' default is 0644. A mode with a leading 0 is octal for
+    // Kubernetes (YAML 1.1) but decimal here (YAML 1.2), so the manifest
+    // writes it in decimal; a value above 0777 is such a mix-up.
+    let mode = secret["defaultMode"].as_i64().unwrap_or(0o644);
+    assert!(
+        (0..=0o777).contains(&mode),
+        "{}: defaultMode {mode} is not a file mode",
+        m.file
+    );
+    assert_eq!(
+        mode & 0o007,
+        0,
+        "{}: defaultMode {mode:o} lets every user of the container read the password hashes",
+        m.file
+    );
+    let fs_group = pod_spec(m)["securityContext"]["fsGroup"].as_i64();
+    assert!(
+        fs_group.is_some() && mode & 0o040 != 0,
+        "{}: the users file is root's, mode {mode:o}, and no fsGroup with read access lets the console's user read it",
+        m.file
+    );
+}
+
+/// The Service in front of the console: exactly one selects its pods, and
+/// no other workload's; it stays inside the cluster (ClusterIP: browsers
+/// come through an HTTPS ingress); every port reaches `port`, the console's
+/// `--listen` port.
+fn check_console_service(all: &[Manifest], m: &Manifest, c: &Yaml, port: i64) {
+    let pod_labels = |w: &Manifest| label_map(&w.doc["spec"]["template"]["metadata"]["labels"]);
+    let selects = |s: &Manifest, labels: &BTreeMap<String, String>| {
+        let selector = label_map(&s.doc["spec"]["selector"]);
+        !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    let labels = pod_labels(m);
+    let services: Vec<&Manifest> = all
+        .iter()
+        .filter(|s| kind(s) == "Service" && selects(s, &labels))
+        .collect();
+    assert_eq!(
+        services.len(),
+        1,
+        "{}: expected one Service for the console's pods",
+        m.file
+    );
+    let s = services[0];
+    for (other, _, _) in batchonce_containers(all) {
+        if name(other) != name(m) {
+            assert!(
+                !selects(s, &pod_labels(other)),
+                "{}: Service {} also sends its traffic to {}",
+                s.file,
+                name(s),
+                name(other)
+            );
+        }
+    }
+    let spec = &s.doc["spec"];
+    let service_type = spec["type"].as_str().unwrap_or("ClusterIP");
+    assert_eq!(
+        service_type, "ClusterIP",
+        "{}: the console is exposed beyond the cluster; use an HTTPS ingress",
+        s.file
+    );
+    let ports = vec_of(&spec["ports"], &format!("{}: Service ports", s.file));
+    assert!(!ports.is_empty(), "{}: a Service without ports", s.file);
+    for p in ports {
+        // Without targetPort, the Service's port is the container's.
+        let target = if p["targetPort"].is_badvalue() {
+            &p["port"]
+        } else {
+            &p["targetPort"]
+        };
+        let target = container_port(m, c, target, "the Service's targetPort");
+        assert_eq!(
+            target, port,
+            "{}: the Service does not reach the console's port",
+            s.file
+        );
+    }
+}
+
 /// The checks of one container that runs batchonce; panics on the first
 /// problem. Returns the subcommand.
 fn check_workload<'a>(all: &[Manifest], m: &Manifest, c: &Yaml, argv: &'a [String]) -> &'a str {
     let sub = subcommand(argv);
-    check_config_mount(all, m, c, argv);
+    if sub != "console" {
+        check_config_mount(all, m, c, argv);
+    }
     check_database_url(m, c);
     match sub {
         "worker" => {
             assert_eq!(kind(m), "Deployment", "{}", m.file);
-            check_probes(m, c, argv);
+            check_probes(m, c, argv, "--metrics-addr", "/readyz");
             // The kubelet sends SIGKILL when this period ends, so it
             // must leave the worker its --grace and then some.
             let grace = seconds(flag_value(argv, "--grace").unwrap_or("20s"));
@@ -611,16 +744,43 @@ fn check_workload<'a>(all: &[Manifest], m: &Manifest, c: &Yaml, argv: &'a [Strin
         }
         "produce" => {
             assert_eq!(kind(m), "Deployment", "{}", m.file);
-            check_probes(m, c, argv);
+            check_probes(m, c, argv, "--metrics-addr", "/readyz");
             assert!(!argv.iter().any(|w| w == "--once"), "{}", m.file);
             let replicas = m.doc["spec"]["replicas"].as_i64().unwrap_or(1);
             assert!(replicas >= 2, "{}: {replicas} producer(s)", m.file);
         }
         "exporter" => {
             assert_eq!(kind(m), "Deployment", "{}", m.file);
-            check_probes(m, c, argv);
+            check_probes(m, c, argv, "--metrics-addr", "/readyz");
             // One exporter per deployment, or every series doubles.
             assert_eq!(m.doc["spec"]["replicas"].as_i64(), Some(1), "{}", m.file);
+        }
+        "console" => {
+            assert_eq!(kind(m), "Deployment", "{}", m.file);
+            // It has no /readyz: /healthz, which needs no sign-in, is both.
+            let port = check_probes(m, c, argv, "--listen", "/healthz");
+            // The sessions live in the process's memory: a second replica,
+            // even for the moment of a rolling update, would not know the
+            // first one's sessions.
+            assert_eq!(m.doc["spec"]["replicas"].as_i64(), Some(1), "{}", m.file);
+            assert_eq!(
+                m.doc["spec"]["strategy"]["type"].as_str(),
+                Some("Recreate"),
+                "{}: a rollout would run two consoles",
+                m.file
+            );
+            check_users_secret(m, c, argv);
+            // It reads everything from the database: a configuration file
+            // would only be one more thing to keep in step.
+            assert_eq!(flag_value(argv, "--config"), None, "{}", m.file);
+            if let Some(volumes) = pod_spec(m)["volumes"].as_vec() {
+                assert!(
+                    volumes.iter().all(|v| v["configMap"].is_badvalue()),
+                    "{}: the console mounts a ConfigMap it does not read",
+                    m.file
+                );
+            }
+            check_console_service(all, m, c, port);
         }
         "migrate" => {
             assert_eq!(kind(m), "Job", "{}", m.file);
@@ -648,7 +808,7 @@ fn the_kubernetes_workloads_are_configured_as_the_code_needs() {
     for (m, c, argv) in &batchonce_containers(&all) {
         seen.insert(check_workload(&all, m, c, argv).to_owned());
     }
-    let want: BTreeSet<String> = ["worker", "produce", "exporter", "migrate"]
+    let want: BTreeSet<String> = ["worker", "produce", "exporter", "migrate", "console"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -683,6 +843,58 @@ fn the_workload_checks_catch_a_broken_manifest() {
             "restartPolicy: Always",
         ),
         ("configmap.yaml", "batchonce.toml: |", "other.toml: |"),
+        // The console: out of the probes' reach, probed elsewhere, on the
+        // path that only a signed-in user gets, or two of them.
+        (
+            "console-deployment.yaml",
+            "- 0.0.0.0:8470",
+            "- 127.0.0.1:8470",
+        ),
+        (
+            "console-deployment.yaml",
+            "              port: 8470",
+            "              port: 9464",
+        ),
+        ("console-deployment.yaml", "path: /healthz", "path: /runs"),
+        ("console-deployment.yaml", "replicas: 1", "replicas: 2"),
+        (
+            "console-deployment.yaml",
+            "type: Recreate",
+            "type: RollingUpdate",
+        ),
+        // Its users file: from the ConfigMap, readable by everyone, not by
+        // the console, or not where --users looks.
+        (
+            "console-deployment.yaml",
+            "secret:\n            secretName: batchonce-console-users",
+            "configMap:\n            name: batchonce-config",
+        ),
+        ("console-deployment.yaml", "defaultMode: 288", "defaultMode: 292"),
+        ("console-deployment.yaml", "        fsGroup: 10001\n", ""),
+        (
+            "console-deployment.yaml",
+            "- /etc/batchonce-console/users.toml",
+            "- /etc/batchonce/users.toml",
+        ),
+        // The ConfigMap it does not need.
+        (
+            "console-deployment.yaml",
+            "      volumes:\n",
+            "      volumes:\n        - name: config\n          configMap:\n            name: batchonce-config\n",
+        ),
+        // Its Service: on another port, open beyond the cluster, or in
+        // front of every batchonce pod.
+        ("console-deployment.yaml", "targetPort: http", "targetPort: 9464"),
+        (
+            "console-deployment.yaml",
+            "type: ClusterIP",
+            "type: LoadBalancer",
+        ),
+        (
+            "console-deployment.yaml",
+            "  selector:\n    app.kubernetes.io/name: batchonce\n    app.kubernetes.io/component: console\n",
+            "  selector:\n    app.kubernetes.io/name: batchonce\n",
+        ),
     ] {
         let broken: Vec<(String, String)> = texts
             .iter()
@@ -772,20 +984,19 @@ fn label_map(y: &Yaml) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The NetworkPolicy: it selects every batchonce pod, isolates them for
-/// ingress, and admits only peers that name both the scraper's namespace
-/// and its pods, only to the metrics ports of the workloads. Panics on the
-/// first problem.
-fn check_network_policy(all: &[Manifest]) {
-    let policies: Vec<&Manifest> = all.iter().filter(|m| kind(m) == "NetworkPolicy").collect();
-    assert_eq!(policies.len(), 1, "expected one NetworkPolicy");
-    let p = policies[0];
+/// One NetworkPolicy, checked on its own: it has a pod selector, isolates
+/// its pods for ingress, and every rule admits only peers that name both a
+/// namespace and its pods (one peer, so a pod must match both), no address
+/// block, and only single TCP ports. Returns its selector and the ports it
+/// admits.
+fn check_policy_rules(p: &Manifest) -> (BTreeMap<String, String>, BTreeSet<i64>) {
     let spec = &p.doc["spec"];
     let selector = label_map(&spec["podSelector"]["matchLabels"]);
     assert!(
         !selector.is_empty(),
-        "{}: podSelector has no labels",
-        p.file
+        "{} {}: podSelector has no labels",
+        p.file,
+        name(p)
     );
     let types: Vec<&str> = vec_of(&spec["policyTypes"], "policyTypes")
         .iter()
@@ -793,26 +1004,17 @@ fn check_network_policy(all: &[Manifest]) {
         .collect();
     assert!(
         types.contains(&"Ingress"),
-        "{}: policyTypes {types:?} do not isolate ingress",
-        p.file
+        "{} {}: policyTypes {types:?} do not isolate ingress",
+        p.file,
+        name(p)
     );
-    // Every batchonce pod is selected; the metrics ports are what must be
-    // admitted.
-    let mut metrics_ports = BTreeSet::new();
-    for (m, _, argv) in batchonce_containers(all) {
-        let labels = label_map(&m.doc["spec"]["template"]["metadata"]["labels"]);
-        assert!(
-            selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
-            "{}: its pods {labels:?} are not selected by {} ({selector:?})",
-            m.file,
-            p.file
-        );
-        if let Some(addr) = flag_value(&argv, "--metrics-addr") {
-            metrics_ports.insert(port_of(addr));
-        }
-    }
     let rules = vec_of(&spec["ingress"], &format!("{}: ingress", p.file));
-    assert!(!rules.is_empty(), "{}: no rule admits the scraper", p.file);
+    assert!(
+        !rules.is_empty(),
+        "{} {}: no rule admits anyone",
+        p.file,
+        name(p)
+    );
     let mut admitted = BTreeSet::new();
     for r in rules {
         // An absent or empty `from` admits every source, absent `ports`
@@ -825,8 +1027,9 @@ fn check_network_policy(all: &[Manifest]) {
             for sel in ["namespaceSelector", "podSelector"] {
                 assert!(
                     !label_map(&peer[sel]["matchLabels"]).is_empty(),
-                    "{}: a peer without {sel} labels admits more than the scraper",
-                    p.file
+                    "{} {}: a peer without {sel} labels admits more than one kind of pod",
+                    p.file,
+                    name(p)
                 );
             }
         }
@@ -841,15 +1044,116 @@ fn check_network_policy(all: &[Manifest]) {
             admitted.insert(n);
         }
     }
+    (selector, admitted)
+}
+
+/// The NetworkPolicies: every batchonce pod is isolated for ingress, and
+/// the ports it serves are admitted, by two policies with peers of their
+/// own. The scraper's selects every batchonce pod and admits exactly the
+/// metrics ports of the workloads; the console's selects the console's pods
+/// and no others and admits exactly the port of its `--listen`. So the
+/// scraper never reaches the console, nor the console's users (the ingress
+/// controller) the unauthenticated metrics. Panics on the first problem.
+fn check_network_policy(all: &[Manifest]) {
+    let policies: Vec<(&Manifest, BTreeMap<String, String>, BTreeSet<i64>)> = all
+        .iter()
+        .filter(|m| kind(m) == "NetworkPolicy")
+        .map(|p| {
+            let (selector, admitted) = check_policy_rules(p);
+            (p, selector, admitted)
+        })
+        .collect();
     assert_eq!(
-        admitted, metrics_ports,
-        "{}: the ports admitted are not the metrics ports",
-        p.file
+        policies.len(),
+        2,
+        "expected two NetworkPolicies, the scraper's and the console's"
+    );
+    // What each workload serves, and which policies select its pods.
+    let mut metrics_ports = BTreeSet::new();
+    let mut console_ports = BTreeSet::new();
+    let mut selected_by: Vec<BTreeSet<String>> = vec![BTreeSet::new(); policies.len()];
+    let workloads = batchonce_containers(all);
+    for (m, _, argv) in &workloads {
+        let labels = label_map(&m.doc["spec"]["template"]["metadata"]["labels"]);
+        let mut selected = false;
+        let mut admitted = BTreeSet::<i64>::new();
+        for (i, (_, selector, ports)) in policies.iter().enumerate() {
+            if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+                selected = true;
+                selected_by[i].insert(name(m).to_owned());
+                admitted.extend(ports);
+            }
+        }
+        assert!(
+            selected,
+            "{}: its pods {labels:?} are selected by no NetworkPolicy, so every pod may connect to them",
+            m.file
+        );
+        let mut serves = Vec::new();
+        if let Some(addr) = flag_value(argv, "--metrics-addr") {
+            metrics_ports.insert(port_of(addr));
+            serves.push(("--metrics-addr", port_of(addr)));
+        }
+        if subcommand(argv) == "console" {
+            let addr = flag_value(argv, "--listen").unwrap_or("127.0.0.1:8470");
+            console_ports.insert(port_of(addr));
+            serves.push(("--listen", port_of(addr)));
+        }
+        for (flag, port) in serves {
+            assert!(
+                admitted.contains(&port),
+                "{}: no NetworkPolicy admits anyone to its {flag} port {port}",
+                m.file
+            );
+        }
+    }
+    let all_workloads: BTreeSet<String> = workloads
+        .iter()
+        .map(|(m, _, _)| name(m).to_owned())
+        .collect();
+    let consoles: BTreeSet<String> = workloads
+        .iter()
+        .filter(|(_, _, argv)| subcommand(argv) == "console")
+        .map(|(m, _, _)| name(m).to_owned())
+        .collect();
+    let (mut scraper, mut console) = (0, 0);
+    for ((p, _, admitted), selected) in policies.iter().zip(&selected_by) {
+        if !consoles.is_empty() && *selected == consoles {
+            console += 1;
+            assert_eq!(
+                *admitted,
+                console_ports,
+                "{} {}: the ports admitted are not the console's",
+                p.file,
+                name(p)
+            );
+        } else {
+            scraper += 1;
+            assert_eq!(
+                *selected,
+                all_workloads,
+                "{} {}: selects neither the console alone nor every workload",
+                p.file,
+                name(p)
+            );
+            assert_eq!(
+                *admitted,
+                metrics_ports,
+                "{} {}: the ports admitted are not the metrics ports",
+                p.file,
+                name(p)
+            );
+        }
+    }
+    assert_eq!(
+        (scraper, console),
+        (1, 1),
+        "one policy for the scraper and one for the console"
     );
 }
 
 #[test]
-fn the_network_policy_admits_only_the_scraper_to_the_metrics_port() {
+fn the_network_policies_admit_only_the_scraper_and_the_ingress_controller() {
     check_network_policy(&manifests());
 }
 
@@ -858,14 +1162,18 @@ fn the_network_policy_check_catches_a_broken_policy() {
     let texts = manifest_texts();
     let policy = "networkpolicy.yaml";
     for (file, from, to) in [
-        // Selects pods that do not exist.
+        // The scraper's policy selects pods that do not exist.
         (
             policy,
-            "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: batchonce\n",
-            "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: batchonce-db\n",
+            "      app.kubernetes.io/name: batchonce\n  policyTypes:",
+            "      app.kubernetes.io/name: batchonce-db\n  policyTypes:",
         ),
         // Isolates egress only, so ingress stays open.
-        (policy, "    - Ingress", "    - Egress"),
+        (
+            policy,
+            "    - Ingress\n  ingress:\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              batchonce.example/metrics-scraper",
+            "    - Egress\n  ingress:\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              batchonce.example/metrics-scraper",
+        ),
         // Another port than the metrics one.
         (policy, "port: 9464", "port: 8080"),
         // No ports: every port.
@@ -881,12 +1189,56 @@ fn the_network_policy_check_catches_a_broken_policy() {
             "    - ports:",
         ),
         // The dash that turns AND into OR: every pod of the namespace.
-        (policy, "          podSelector:", "        - podSelector:"),
+        (
+            policy,
+            "          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: prometheus",
+            "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: prometheus",
+        ),
         // A workload moves its metrics port and the policy does not follow.
         (
             "worker-deployment.yaml",
             "- 0.0.0.0:9464",
             "- 0.0.0.0:9465",
+        ),
+        // The scraper may reach the console too.
+        (
+            policy,
+            "          port: 9464\n",
+            "          port: 9464\n        - protocol: TCP\n          port: 8470\n",
+        ),
+        // The console's policy: another port than the console's.
+        (policy, "port: 8470", "port: 8080"),
+        // ... selects the workers instead of the console, which no policy
+        // then admits anyone to.
+        (
+            policy,
+            "      app.kubernetes.io/component: console\n  policyTypes:",
+            "      app.kubernetes.io/component: worker\n  policyTypes:",
+        ),
+        // ... selects every batchonce pod, so the ingress controller
+        // reaches the workers.
+        (
+            policy,
+            "      app.kubernetes.io/name: batchonce\n      app.kubernetes.io/component: console\n  policyTypes:",
+            "      app.kubernetes.io/name: batchonce\n  policyTypes:",
+        ),
+        // ... isolates egress only, so anyone reaches the console.
+        (
+            policy,
+            "    - Ingress\n  ingress:\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              batchonce.example/console-ingress",
+            "    - Egress\n  ingress:\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              batchonce.example/console-ingress",
+        ),
+        // ... the dash: every pod of the ingress controller's namespace.
+        (
+            policy,
+            "          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: ingress-nginx",
+            "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: ingress-nginx",
+        ),
+        // The console moves its port and the policy does not follow.
+        (
+            "console-deployment.yaml",
+            "- 0.0.0.0:8470",
+            "- 0.0.0.0:8471",
         ),
     ] {
         let broken: Vec<(String, String)> = texts
@@ -919,8 +1271,7 @@ struct Unit {
 }
 
 impl Unit {
-    fn parse(path: &Path) -> Unit {
-        let text = std::fs::read_to_string(path).unwrap();
+    fn parse(file: &str, text: &str) -> Unit {
         let mut entries = Vec::new();
         let mut section = String::new();
         let mut pending = String::new();
@@ -941,11 +1292,11 @@ impl Unit {
             } else if let Some((k, v)) = line.split_once('=') {
                 entries.push((section.clone(), k.trim().to_owned(), v.trim().to_owned()));
             } else {
-                panic!("{}: not a setting: {line}", path.display());
+                panic!("{file}: not a setting: {line}");
             }
         }
         Unit {
-            file: file_name(path),
+            file: file.to_owned(),
             entries,
         }
     }
@@ -983,13 +1334,26 @@ impl Unit {
     }
 }
 
-fn units() -> Vec<Unit> {
-    let all: Vec<Unit> = files(&deploy().join("systemd"), &["service"])
+/// The files under deploy/systemd, with their text.
+fn unit_texts() -> Vec<(String, String)> {
+    files(&deploy().join("systemd"), &["service"])
         .iter()
-        .map(|p| Unit::parse(p))
-        .collect();
+        .map(|p| (file_name(p), std::fs::read_to_string(p).unwrap()))
+        .collect()
+}
+
+fn parse_units(texts: &[(String, String)]) -> Vec<Unit> {
+    let all: Vec<Unit> = texts.iter().map(|(f, t)| Unit::parse(f, t)).collect();
     assert!(!all.is_empty(), "no units under deploy/systemd");
     all
+}
+
+fn units() -> Vec<Unit> {
+    parse_units(&unit_texts())
+}
+
+fn systemd_readme() -> String {
+    std::fs::read_to_string(deploy().join("systemd/README.md")).unwrap()
 }
 
 fn unit<'a>(all: &'a [Unit], file: &str) -> &'a Unit {
@@ -998,17 +1362,29 @@ fn unit<'a>(all: &'a [Unit], file: &str) -> &'a Unit {
         .unwrap_or_else(|| panic!("no {file}"))
 }
 
-#[test]
-fn the_systemd_units_are_configured_as_the_code_needs() {
-    let all = units();
-    for u in &all {
+/// The settings the code needs in the units; panics on the first problem.
+/// `readme` is deploy/systemd/README.md, which must tell how to install
+/// each of them.
+fn check_units(all: &[Unit], readme: &str) {
+    for u in all {
         let lines = u.command_lines();
         assert_eq!(lines.len(), 1, "{}: one batchonce ExecStart", u.file);
         let argv = &lines[0];
-        assert_eq!(
-            flag_value(argv, "--config"),
-            Some("/etc/batchonce/batchonce.toml"),
-            "{}",
+        if subcommand(argv) == "console" {
+            // It reads everything from the database, and runs as a user of
+            // its own, which could not read batchonce.toml.
+            assert_eq!(flag_value(argv, "--config"), None, "{}", u.file);
+        } else {
+            assert_eq!(
+                flag_value(argv, "--config"),
+                Some("/etc/batchonce/batchonce.toml"),
+                "{}",
+                u.file
+            );
+        }
+        assert!(
+            readme.contains(&u.file),
+            "deploy/systemd/README.md does not mention {}",
             u.file
         );
         assert!(
@@ -1023,7 +1399,7 @@ fn the_systemd_units_are_configured_as_the_code_needs() {
         assert_eq!(u.service("ProtectSystem"), "strict", "{}", u.file);
     }
 
-    let worker = unit(&all, "batchonce-worker@.service");
+    let worker = unit(all, "batchonce-worker@.service");
     let argv = &worker.command_lines()[0];
     assert_eq!(subcommand(argv), "worker");
     // The host name and the instance make a worker id that is unique and
@@ -1050,18 +1426,133 @@ fn the_systemd_units_are_configured_as_the_code_needs() {
             .any(|f| f.contains("%i") && !f.starts_with('-')),
         "no required per-instance EnvironmentFile"
     );
-    let readme = std::fs::read_to_string(deploy().join("systemd/README.md")).unwrap();
     assert!(readme.contains(&format!("{var}=127.0.0.1:")), "README.md");
 
-    let producer = unit(&all, "batchonce-producer.service");
+    let producer = unit(all, "batchonce-producer.service");
     let argv = &producer.command_lines()[0];
     assert_eq!(subcommand(argv), "produce");
     assert!(!argv.iter().any(|w| w == "--once"));
     assert_eq!(producer.service("Restart"), "on-failure");
 
-    let migrate = unit(&all, "batchonce-migrate.service");
+    let migrate = unit(all, "batchonce-migrate.service");
     assert_eq!(subcommand(&migrate.command_lines()[0]), "migrate");
     assert_eq!(migrate.service("Type"), "oneshot");
+
+    let console = unit(all, "batchonce-console.service");
+    let argv = &console.command_lines()[0];
+    assert_eq!(subcommand(argv), "console");
+    // It signs users in over plain HTTP: loopback only, behind a proxy
+    // that terminates HTTPS or an SSH tunnel.
+    let listen = flag_value(argv, "--listen").unwrap_or("127.0.0.1:8470");
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: --listen {listen}: {e}", console.file));
+    assert!(
+        addr.ip().is_loopback(),
+        "{}: --listen {listen} is reachable from other hosts",
+        console.file
+    );
+    // The users file (password hashes) is a credential: systemd reads it
+    // as root and hands the console a copy in %d that only its user reads.
+    let users = flag_value(argv, "--users").expect("console --users");
+    let credential = users.strip_prefix("%d/").unwrap_or_else(|| {
+        panic!(
+            "{}: --users {users} is not a credential (%d/NAME)",
+            console.file
+        )
+    });
+    assert!(
+        console
+            .all("Service", "LoadCredential")
+            .iter()
+            .any(|c| c.split_once(':').map(|(n, _)| n) == Some(credential)),
+        "{}: no LoadCredential={credential}:…",
+        console.file
+    );
+    // Not the workers' user, whose command jobs run any program.
+    assert_ne!(
+        console.service("User"),
+        worker.service("User"),
+        "{}: the workers' command jobs could read its users file",
+        console.file
+    );
+    assert_eq!(console.service("Restart"), "on-failure");
+    // Its working directory is an empty one of its own, where no stray
+    // batchonce.toml is read.
+    let dir = console.service("WorkingDirectory");
+    let own: Vec<String> = [("RuntimeDirectory", "/run"), ("StateDirectory", "/var/lib")]
+        .iter()
+        .filter_map(|(key, base)| console.get("Service", key).map(|d| format!("{base}/{d}")))
+        .collect();
+    assert!(
+        own.iter().any(|d| d == dir),
+        "{}: WorkingDirectory={dir} is none of its own directories {own:?}",
+        console.file
+    );
+}
+
+#[test]
+fn the_systemd_units_are_configured_as_the_code_needs() {
+    check_units(&units(), &systemd_readme());
+}
+
+#[test]
+fn the_unit_checks_catch_a_broken_unit() {
+    let texts = unit_texts();
+    let readme = systemd_readme();
+    let worker = "batchonce-worker@.service";
+    let console = "batchonce-console.service";
+    for (file, from, to) in [
+        (worker, "TimeoutStopSec=45s", "TimeoutStopSec=15s"),
+        (worker, "KillMode=mixed", "KillMode=control-group"),
+        (console, "--listen 127.0.0.1:8470", "--listen 0.0.0.0:8470"),
+        (
+            console,
+            "--users %d/users.toml",
+            "--users /etc/batchonce/console-users.toml",
+        ),
+        (
+            console,
+            "LoadCredential=users.toml:",
+            "LoadCredential=console-users.toml:",
+        ),
+        (console, "User=batchonce-console", "User=batchonce"),
+        (
+            console,
+            "ExecStart=/usr/local/bin/batchonce console",
+            "ExecStart=/usr/local/bin/batchonce --config /etc/batchonce/batchonce.toml console",
+        ),
+        (
+            console,
+            "WorkingDirectory=/run/batchonce-console",
+            "WorkingDirectory=/",
+        ),
+    ] {
+        let broken: Vec<(String, String)> = texts
+            .iter()
+            .map(|(f, t)| {
+                if f == file {
+                    assert!(t.contains(from), "{file} has no {from:?}");
+                    (f.clone(), t.replace(from, to))
+                } else {
+                    (f.clone(), t.clone())
+                }
+            })
+            .collect();
+        let all = parse_units(&broken);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_units(&all, &readme);
+        }));
+        assert!(caught.is_err(), "{file}: {from:?} -> {to:?} was not caught");
+    }
+    // And a unit the README does not mention.
+    let caught = std::panic::catch_unwind(|| {
+        check_units(&units(), &readme.replace(console, "the console's unit"));
+    });
+    assert!(
+        caught.is_err(),
+        "a unit missing from the README was not caught"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1102,10 +1593,10 @@ fn all_command_lines() -> Vec<Line> {
 #[test]
 fn every_command_line_uses_subcommands_and_flags_the_binary_has() {
     let lines = all_command_lines();
-    // Four workloads in Kubernetes and three units, or the extraction
+    // Five workloads in Kubernetes and four units, or the extraction
     // missed some and the check below would pass on nothing.
     let sources: Vec<&str> = lines.iter().map(|l| l.source.as_str()).collect();
-    assert_eq!(lines.len(), 7, "{sources:?}");
+    assert_eq!(lines.len(), 9, "{sources:?}");
     let mut failures = Vec::new();
     for line in &lines {
         for problem in command_line_problems(&line.argv) {
@@ -1205,6 +1696,98 @@ fn start_and_probe(source: &str, argv: &[String], config: &Path) {
     assert!(status.success(), "{source}: SIGTERM gave {status}");
 }
 
+/// A users file with one operator, its hash made by the binary itself, as
+/// the install steps make it.
+fn console_users_file(dir: &Path) -> PathBuf {
+    let mut child = Command::new(BIN)
+        .args(["console", "--hash-password"])
+        .env_remove("DATABASE_URL")
+        .env_remove("BATCHONCE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"correct horse battery staple\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "--hash-password: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap();
+    let path = dir.join("console-users.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[user]]\nname = \"alice\"\nrole = \"operator\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs a console command line as it is written, except for the address
+/// (a free loopback port), the users file (`users`) and the database (one
+/// that refuses connections), in an empty working directory as the unit
+/// and the pod give it. It must serve `/healthz` (200) without signing in,
+/// which the probes rely on, send a browser that has not signed in to the
+/// sign-in page, and exit 0 on SIGTERM.
+fn start_console_and_probe(source: &str, argv: &[String], users: &Path, cwd: &Path) {
+    let port = free_port();
+    let mut argv = argv.to_vec();
+    for (flag, value) in [
+        ("--listen", format!("127.0.0.1:{port}")),
+        ("--users", users.display().to_string()),
+    ] {
+        let i = argv
+            .iter()
+            .position(|w| w == flag)
+            .unwrap_or_else(|| panic!("{source}: no {flag}"));
+        argv[i + 1] = value;
+    }
+    let mut child = Command::new(BIN)
+        .args(&argv)
+        .current_dir(cwd)
+        .env("DATABASE_URL", NO_DATABASE)
+        .env_remove("BATCHONCE_CONFIG")
+        .env_remove("BATCHONCE_CONSOLE_USERS")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let healthz = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("{source}: {argv:?} exited with {status}: {err}");
+        }
+        if let Some(code) = http_status(port, "/healthz") {
+            break code;
+        }
+        assert!(Instant::now() < deadline, "{source}: no /healthz in 30s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let overview = http_status(port, "/");
+    let status = stop(&mut child);
+    assert_eq!(healthz, 200, "{source}: /healthz");
+    assert_eq!(overview, Some(303), "{source}: / without signing in");
+    assert!(status.success(), "{source}: SIGTERM gave {status}");
+}
+
 #[test]
 fn the_long_running_command_lines_start_and_answer_their_probes() {
     let all = manifests();
@@ -1216,6 +1799,9 @@ fn the_long_running_command_lines_start_and_answer_their_probes() {
         str_of(&map.doc["data"]["batchonce.toml"], "batchonce.toml"),
     )
     .unwrap();
+    let users = console_users_file(&dir);
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
     let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
     let mut runs = Vec::new();
     for line in all_command_lines() {
@@ -1241,12 +1827,18 @@ fn the_long_running_command_lines_start_and_answer_their_probes() {
     // run side by side; a panic in one thread fails the test.
     std::thread::scope(|scope| {
         for (source, argv) in &runs {
-            let config = &config;
-            scope.spawn(move || start_and_probe(source, argv, config));
+            let (config, users, empty) = (&config, &users, &empty);
+            scope.spawn(move || {
+                if subcommand(argv) == "console" {
+                    start_console_and_probe(source, argv, users, empty)
+                } else {
+                    start_and_probe(source, argv, config)
+                }
+            });
         }
     });
     let started = runs.len();
-    assert_eq!(started, 5, "three Deployments and two units run for good");
+    assert_eq!(started, 7, "four Deployments and three units run for good");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -71,7 +71,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
         rand::random::<u64>()
     );
     for part in [
-        "migrator", "producer", "worker", "operator", "readonly", "program",
+        "migrator", "producer", "worker", "operator", "readonly", "program", "console",
     ] {
         sqlx::query(&format!(
             "ALTER ROLE {} LOGIN PASSWORD '{password}'",
@@ -398,6 +398,24 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     assert!(err.contains("permission denied"), "{err}");
     denied(&url("readonly"), "UPDATE batch_job_run SET attempts = 0").await;
 
+    // The console's role reads everything and acts only through the audited
+    // check and apply: no direct write, no audit row of its own, no
+    // terminate-blocker.
+    ok(&run(&url("console"), &["status"]));
+    ok(&run(&url("console"), &["runs", "list"]));
+    denied(&url("console"), "UPDATE batch_job_run SET attempts = 0").await;
+    denied(
+        &url("console"),
+        "INSERT INTO batch_operator_action (operator, action, job_key, reason, before_status, after_status) \
+         VALUES ('x', 'fail', 'daily-settlement:2026-09-15', 'r', 'FAILED', 'FAILED')",
+    )
+    .await;
+    denied(
+        &url("console"),
+        "SELECT batchonce_operator_audit_terminate('daily-settlement:2026-09-15', 'x', 'r', 'd')",
+    )
+    .await;
+
     // The roles are global to the server: remove them with the database.
     let server = batchonce::testing::server().to_owned();
     drop(db);
@@ -409,7 +427,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
         .await
         .unwrap();
     for part in [
-        "migrator", "producer", "worker", "operator", "readonly", "program",
+        "migrator", "producer", "worker", "operator", "readonly", "program", "console",
     ] {
         sqlx::query(&format!("DROP ROLE IF EXISTS {}", role(part)))
             .execute(&admin)

@@ -659,6 +659,34 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         let bad = schema_errors(&d.read_log(id));
         assert!(bad.is_empty(), "{id} logged errors:\n{}", bad.join("\n"));
     }
+
+    // The previous release's operator actions write their audit rows into
+    // the new schema (the console's `remote_addr` column and stamp trigger,
+    // migration 20261204000001): the row is written, with no address.
+    let spare = day(9).to_string();
+    d.run_old(&["enqueue", JOB, "--date", &spare]);
+    let key = format!("{JOB}:{spare}");
+    d.run_old(&[
+        "runs",
+        "skip",
+        &key,
+        "--operator",
+        "old-release",
+        "--reason",
+        "upgrade check of the audit row",
+    ]);
+    let (status, operator, addr): (String, String, Option<String>) = sqlx::query_as(
+        "SELECT r.status, a.operator, a.remote_addr FROM batch_job_run r \
+         JOIN batch_operator_action a USING (job_key) WHERE r.job_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(d.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), operator.as_str(), addr),
+        ("SKIPPED", "old-release", None)
+    );
 }
 
 /// The previous release's `runs list`, `runs show`, `runs stale` and

@@ -1,0 +1,166 @@
+//! The console's page frame, style sheet and small pieces of markup. Every
+//! page is rendered with `maud`, which escapes every interpolated string: a
+//! job's error message containing `<script>` is shown as text. Nothing here
+//! reads the database.
+
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+
+use super::auth::{Role, Session};
+
+/// The style sheet, served from `/console.css` (the Content-Security-Policy
+/// allows no inline style and no script at all).
+pub const CSS: &str = r#"
+:root { --ok:#1a7f37; --fail:#cf222e; --run:#0969da; --pend:#9a6700; --skip:#6e7781; --miss:#ffffff; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1f2328; background: #f6f8fa; }
+header { background: #24292f; color: #fff; padding: 8px 16px; display: flex; gap: 16px; align-items: center; flex-wrap: wrap; }
+header a { color: #fff; text-decoration: none; }
+header .who { margin-left: auto; }
+header form { display: inline; }
+main { padding: 16px; max-width: 1400px; }
+h1 { font-size: 20px; margin: 0 0 12px; }
+h2 { font-size: 16px; margin: 20px 0 8px; }
+table { border-collapse: collapse; background: #fff; width: 100%; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #eaeef2; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { font: 12px ui-monospace, monospace; }
+pre { background: #fff; border: 1px solid #d0d7de; padding: 8px; white-space: pre-wrap; word-break: break-all; margin: 4px 0; }
+.badge { display: inline-block; padding: 0 6px; border-radius: 10px; color: #fff; font-size: 12px; }
+.SUCCEEDED { background: var(--ok); } .FAILED { background: var(--fail); } .RUNNING { background: var(--run); }
+.PENDING { background: var(--pend); } .SKIPPED { background: var(--skip); }
+.MISSING { background: var(--miss); color: #cf222e; border: 1px dashed #cf222e; }
+.cal { display: grid; grid-template-columns: repeat(auto-fill, minmax(92px, 1fr)); gap: 4px; }
+.cal a, .cal span { display: block; padding: 4px; border-radius: 4px; color: #fff; text-decoration: none; font-size: 12px; min-height: 44px; }
+.cal .MISSING { color: #cf222e; }
+.note { background: #fff8c5; border: 1px solid #d4a72c; padding: 8px; margin: 8px 0; }
+.error { background: #ffebe9; border: 1px solid #cf222e; padding: 8px; margin: 8px 0; }
+.done { background: #dafbe1; border: 1px solid #1a7f37; padding: 8px; margin: 8px 0; }
+form.filter { display: flex; gap: 8px; flex-wrap: wrap; align-items: end; margin-bottom: 12px; }
+form.filter label, form.act label { display: flex; flex-direction: column; font-size: 12px; }
+form.act { background: #fff; border: 1px solid #d0d7de; padding: 8px; margin: 8px 0; display: flex; gap: 8px; flex-wrap: wrap; align-items: end; }
+input[type=text], input[type=password], input[type=date], select { font: inherit; padding: 3px 6px; }
+input.reason { min-width: 320px; }
+button { font: inherit; padding: 3px 10px; cursor: pointer; }
+.muted { color: #6e7781; }
+.login { max-width: 360px; margin: 60px auto; background: #fff; border: 1px solid #d0d7de; padding: 20px; }
+.login label { display: block; margin: 8px 0; }
+.login input { width: 100%; }
+"#;
+
+/// A whole page: the header with navigation and the signed-in user, then
+/// `body`.
+pub fn page(title: &str, session: &Session, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · batchonce" }
+                link rel="stylesheet" href="/console.css";
+            }
+            body {
+                header {
+                    strong { a href="/" { "batchonce" } }
+                    a href="/" { "Overview" }
+                    a href="/runs" { "Runs" }
+                    a href="/stale" { "Stale" }
+                    a href="/audit" { "Audit log" }
+                    a href="/workers" { "Workers" }
+                    span.who {
+                        (session.user.name) " (" (session.user.role.as_str()) ") "
+                        @if !session.proxied {
+                            form method="post" action="/logout" {
+                                input type="hidden" name="csrf" value=(session.csrf);
+                                button type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// A page for someone not signed in (the login form, errors).
+pub fn bare(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · batchonce" }
+                link rel="stylesheet" href="/console.css";
+            }
+            body { (body) }
+        }
+    }
+}
+
+/// A run state as a coloured badge.
+pub fn badge(status: &str) -> Markup {
+    // The class is one of the known states or nothing: a state string from
+    // the database never becomes markup.
+    let class = match status {
+        "SUCCEEDED" | "FAILED" | "RUNNING" | "PENDING" | "SKIPPED" | "MISSING" => status,
+        _ => "",
+    };
+    html! { span class={ "badge " (class) } { (status) } }
+}
+
+/// An instant as the database gave it, in UTC, to the second.
+pub fn at(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// An optional instant, or a dash.
+pub fn at_opt(t: Option<DateTime<Utc>>) -> String {
+    t.map(at).unwrap_or_else(|| "—".into())
+}
+
+/// Seconds as a short duration: `42 s`, `7 min`, `3.5 h`, `2.0 d`.
+pub fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 7200.0 {
+        format!("{:.0} min", s / 60.0)
+    } else if s < 172_800.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else {
+        format!("{:.1} d", s / 86_400.0)
+    }
+}
+
+/// The path of a run's page; the key is percent-encoded.
+pub fn run_href(key: &str) -> String {
+    format!("/runs/{}", encode(key))
+}
+
+/// Percent-encodes `s` for a path segment or a query value.
+pub fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// A message box.
+pub fn message(class: &str, text: &str) -> Markup {
+    let class = match class {
+        "error" | "done" | "note" => class,
+        _ => "note",
+    };
+    html! { div class=(class) { (text) } }
+}
+
+/// Whether `role` may act.
+pub fn may_act(role: Role) -> bool {
+    role == Role::Operator
+}
+
+/// A non-breaking space, for empty cells.
+pub fn nbsp() -> Markup {
+    PreEscaped("&nbsp;".into())
+}

@@ -1,0 +1,529 @@
+//! `batchonce console`: the operator's web console. Server-rendered HTML
+//! from this process (no script, no asset from anywhere else), read from
+//! the database on every request, with the same audited actions as the
+//! command line.
+//!
+//! - `auth.rs`: users, sessions, CSRF tokens, the login rate limit.
+//! - `html.rs`: the page frame, the style sheet and small markup helpers.
+//! - `pages.rs`: overview, runs, stale runs, audit log, workers.
+//! - `calendar.rs`: a job's business periods, including missing ones.
+//! - `run_page.rs`: one run, and the fail / rerun / skip actions with their
+//!   preview.
+//!
+//! Every route but `/healthz`, `/login` and the style sheet needs a
+//! session; every POST needs the session's CSRF token and a same-origin
+//! request; only the `operator` role may act. Every response forbids
+//! framing, scripts and caching. The console must never write a job table
+//! with its own SQL: its actions are the queue's `blockers::act_from`, which
+//! calls the audited database functions, and the database role of
+//! `batchonce roles` (`<prefix>_console`) can do nothing else.
+
+pub mod auth;
+mod calendar;
+mod html;
+mod pages;
+mod run_page;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Form, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use maud::html;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use auth::{LoginLimiter, Session, Sessions, Users};
+
+/// The header a trusted reverse proxy puts the shared secret in.
+pub const PROXY_SECRET_HEADER: &str = "x-batchonce-proxy-secret";
+/// The session cookie, and the login form's double-submit cookie.
+const SESSION_COOKIE: &str = "batchonce_session";
+const LOGIN_COOKIE: &str = "batchonce_login";
+
+/// Sign-in through a trusted reverse proxy.
+#[derive(Clone)]
+pub struct ProxyAuth {
+    /// The header holding the signed-in user's name (lower case).
+    pub user_header: String,
+    /// What the proxy sends in [`PROXY_SECRET_HEADER`].
+    pub secret: String,
+}
+
+/// How the console is served.
+pub struct ConsoleOptions {
+    pub listen: SocketAddr,
+    pub users: Users,
+    pub proxy: Option<ProxyAuth>,
+    /// Mark cookies `Secure`: the console is reached over TLS (a
+    /// TLS-terminating proxy in front of it).
+    pub secure_cookies: bool,
+}
+
+/// Why the console could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("no way to sign in: give --users FILE (with at least one user), or --proxy-user-header with --proxy-secret-env")]
+    NoUsers,
+    #[error("the console stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+pub(crate) struct App {
+    pub pool: PgPool,
+    pub users: Users,
+    pub proxy: Option<ProxyAuth>,
+    pub secure: bool,
+    pub sessions: Sessions,
+    pub limiter: LoginLimiter,
+}
+
+/// The signed-in request: its session and where it came from.
+#[derive(Clone)]
+pub(crate) struct Authed {
+    pub session: Session,
+    pub remote: String,
+}
+
+/// The console's routes over `pool`.
+pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError> {
+    if opts.users.is_empty() && opts.proxy.is_none() {
+        return Err(ConsoleError::NoUsers);
+    }
+    let app = Arc::new(App {
+        pool,
+        users: opts.users,
+        proxy: opts.proxy,
+        secure: opts.secure_cookies,
+        sessions: Sessions::default(),
+        limiter: LoginLimiter::default(),
+    });
+    let signed_in = Router::new()
+        .route("/", get(pages::overview))
+        .route("/runs", get(pages::runs))
+        .route("/runs/{key}", get(run_page::show))
+        .route("/runs/{key}/preview", post(run_page::preview))
+        .route("/runs/{key}/apply", post(run_page::apply))
+        .route("/jobs/{job}", get(pages::calendar))
+        .route("/stale", get(pages::stale))
+        .route("/audit", get(pages::audit))
+        .route("/workers", get(pages::workers))
+        .route("/logout", post(logout))
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate));
+    Ok(Router::new()
+        .route("/healthz", get(healthz))
+        .route("/console.css", get(css))
+        // Browsers ask for it on every page; answered here, it never
+        // becomes a redirect to the sign-in page (which would replace the
+        // sign-in form's token while the form is open).
+        .route("/favicon.ico", get(|| async { StatusCode::NOT_FOUND }))
+        .route("/login", get(login_form).post(login))
+        .merge(signed_in)
+        .layer(middleware::from_fn(same_origin))
+        .layer(middleware::map_response(security_headers))
+        .with_state(app))
+}
+
+/// Serves the console on `opts.listen` until `stop`.
+pub async fn serve(
+    pool: PgPool,
+    opts: ConsoleOptions,
+    stop: CancellationToken,
+) -> Result<(), ConsoleError> {
+    let addr = opts.listen;
+    let app = router(pool, opts)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ConsoleError::Listen { addr, source })?;
+    tracing::info!(%addr, "console listening");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stop.cancelled().await })
+    .await
+    .map_err(ConsoleError::Serve)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        html::CSS,
+    )
+        .into_response()
+}
+
+/// No framing, no script, no plug-in, nothing from elsewhere, no caching
+/// of pages that show runs, and no referrer carrying a key to another site.
+async fn security_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        // Not `no-referrer`: with it, Chromium sends `Origin: null` on the
+        // console's own forms, which the same-origin check must refuse.
+        HeaderValue::from_static("same-origin"),
+    );
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    res
+}
+
+/// A POST from another site is refused before anything reads its form,
+/// whatever cookie it carries (the CSRF token is checked as well).
+async fn same_origin(req: Request, next: Next) -> Response {
+    if req.method() == Method::POST {
+        let h = req.headers();
+        // The host the browser used: ours, or the one a reverse proxy says
+        // it forwarded (a form on another site cannot set that header).
+        let hosts: Vec<&str> = [header::HOST.as_str(), "x-forwarded-host"]
+            .iter()
+            .filter_map(|n| h.get(*n).and_then(|v| v.to_str().ok()))
+            .filter_map(|v| v.split(',').next())
+            .map(str::trim)
+            .collect();
+        let origin = h.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        // What the browser itself says about where the request comes from;
+        // a page cannot set it.
+        let fetch_site = h.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+        let cross_origin = match origin {
+            // An opaque origin (a sandboxed frame, a privacy setting) is
+            // trusted only when the browser says the form is our own.
+            Some("null") => fetch_site != Some("same-origin"),
+            Some(o) => {
+                let authority = o.split_once("://").map(|(_, a)| a).unwrap_or(o);
+                !hosts.contains(&authority)
+            }
+            None => false,
+        };
+        let cross_site = fetch_site.is_some_and(|s| s == "cross-site" || s == "same-site");
+        if cross_origin || cross_site {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "refused: the form was sent from another site",
+            );
+        }
+    }
+    next.run(req).await
+}
+
+fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn set_cookie(app: &App, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
+    let mut c = format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict");
+    if let Some(age) = max_age {
+        c.push_str(&format!("; Max-Age={age}"));
+    }
+    if app.secure {
+        c.push_str("; Secure");
+    }
+    // Names and values are ours: ASCII letters, digits, `_` and `=`.
+    HeaderValue::from_str(&c).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// A plain page saying why a request was refused.
+pub(crate) fn refuse(status: StatusCode, why: &str) -> Response {
+    let body = html::bare(
+        "Refused",
+        html! { main { h1 { "Refused" } (html::message("error", why)) p { a href="/" { "Back to the overview" } } } },
+    );
+    (status, body).into_response()
+}
+
+/// The remote address to record: the TCP peer, or, behind the trusted
+/// proxy, what it says the client was, followed by the peer.
+fn remote_of(app: &App, peer: SocketAddr, headers: &HeaderMap, proxied: bool) -> String {
+    let forwarded = headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 100);
+    match forwarded {
+        Some(f) if proxied && app.proxy.is_some() => {
+            format!("{} via {}", crate::text::truncate(f), peer.ip())
+        }
+        _ => peer.ip().to_string(),
+    }
+}
+
+/// Resolves the session (or the proxy's user) and passes it on; without
+/// one, a page asks to sign in and anything else is refused.
+async fn authenticate(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let headers = req.headers().clone();
+    let cookie = cookie_value(&headers, SESSION_COOKIE).map(str::to_owned);
+    let mut new_cookie = None;
+    let session = if let Some(proxy) = &app.proxy {
+        let secret = headers
+            .get(PROXY_SECRET_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let user = headers
+            .get(proxy.user_header.as_str())
+            .and_then(|v| v.to_str().ok());
+        match (secret, user) {
+            (Some(s), Some(name)) if auth::same_secret(s, &proxy.secret) => {
+                let Some(user) = app.users.proxied(name) else {
+                    return refuse(
+                        StatusCode::FORBIDDEN,
+                        "refused: the proxy's user is not in the console's users file",
+                    );
+                };
+                match cookie.as_deref().and_then(|id| app.sessions.get(id)) {
+                    Some(s) if s.proxied && s.user.name == user.name => Some(s),
+                    _ => {
+                        let id = app.sessions.open(user, true);
+                        let s = app.sessions.get(&id);
+                        new_cookie = Some(id);
+                        s
+                    }
+                }
+            }
+            (Some(_), _) => {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "refused: wrong proxy secret or no user header",
+                )
+            }
+            // Without the proxy's secret, only a password session counts.
+            (None, _) => cookie
+                .as_deref()
+                .and_then(|id| app.sessions.get(id))
+                .filter(|s| !s.proxied),
+        }
+    } else {
+        cookie
+            .as_deref()
+            .and_then(|id| app.sessions.get(id))
+            .filter(|s| !s.proxied)
+    };
+    let Some(session) = session else {
+        if req.method() == Method::GET {
+            let next = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/");
+            return Redirect::to(&format!("/login?next={}", html::encode(next))).into_response();
+        }
+        return refuse(StatusCode::UNAUTHORIZED, "refused: sign in first");
+    };
+    let proxied = session.proxied;
+    req.extensions_mut().insert(Authed {
+        session,
+        remote: remote_of(&app, peer, &headers, proxied),
+    });
+    let mut res = next.run(req).await;
+    if let Some(id) = new_cookie {
+        res.headers_mut().append(
+            header::SET_COOKIE,
+            set_cookie(&app, SESSION_COOKIE, &id, None),
+        );
+    }
+    res
+}
+
+#[derive(serde::Deserialize)]
+struct LoginQuery {
+    next: Option<String>,
+    error: Option<String>,
+}
+
+/// Only a path of this console, never another site, and only visible
+/// ASCII (it goes into a `Location` header).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && n.len() <= 2000
+                && n.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            n.to_owned()
+        }
+        _ => "/".into(),
+    }
+}
+
+async fn login_form(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(q): Query<LoginQuery>,
+) -> Response {
+    // Another tab's sign-in form keeps working: the token is reused while
+    // its cookie lasts.
+    let token = cookie_value(&headers, LOGIN_COOKIE)
+        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_owned)
+        .unwrap_or_else(auth::random_token);
+    let next = safe_next(q.next.as_deref());
+    let body = html::bare(
+        "Sign in",
+        html! {
+            div.login {
+                h1 { "batchonce console" }
+                @if let Some(e) = &q.error { (html::message("error", e)) }
+                form method="post" action="/login" {
+                    input type="hidden" name="csrf" value=(token);
+                    input type="hidden" name="next" value=(next);
+                    label { "User" input type="text" name="user" autocomplete="username" required; }
+                    label { "Password" input type="password" name="password" autocomplete="current-password" required; }
+                    button type="submit" { "Sign in" }
+                }
+            }
+        },
+    );
+    let mut res = body.into_response();
+    res.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&app, LOGIN_COOKIE, &token, Some(600)),
+    );
+    res
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    csrf: String,
+    user: String,
+    password: String,
+    next: Option<String>,
+}
+
+async fn login(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let again = |why: &str| {
+        Redirect::to(&format!(
+            "/login?error={}&next={}",
+            html::encode(why),
+            html::encode(&safe_next(f.next.as_deref()))
+        ))
+        .into_response()
+    };
+    match cookie_value(&headers, LOGIN_COOKIE) {
+        Some(c) if auth::same_secret(c, &f.csrf) => {}
+        _ => {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "refused: the sign-in form expired or came from elsewhere; open /login again",
+            )
+        }
+    }
+    let addr = peer.ip().to_string();
+    let name = crate::text::truncate(&f.user);
+    if let Some(wait) = app.limiter.blocked(&addr, &name) {
+        let mut res = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "too many failed sign-ins from this address or for this user; try again in {} s",
+                wait.as_secs().max(1)
+            ),
+        );
+        res.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(wait.as_secs().max(1)),
+        );
+        return res;
+    }
+    // argon2 is deliberately slow: off the async threads.
+    let users_app = app.clone();
+    let (user, password) = (f.user.clone(), f.password.clone());
+    let verified =
+        tokio::task::spawn_blocking(move || users_app.users.verify(&user, &password)).await;
+    let Ok(Some(user)) = verified else {
+        app.limiter.failed(&addr, &name);
+        tracing::warn!(user = %name, remote = %addr, "console sign-in failed");
+        return again("wrong user or password");
+    };
+    tracing::info!(user = %user.name, remote = %addr, "console sign-in");
+    let id = app.sessions.open(user, false);
+    let mut res = Redirect::to(&safe_next(f.next.as_deref())).into_response();
+    let h = res.headers_mut();
+    h.append(
+        header::SET_COOKIE,
+        set_cookie(&app, SESSION_COOKIE, &id, None),
+    );
+    h.append(
+        header::SET_COOKIE,
+        set_cookie(&app, LOGIN_COOKIE, "", Some(0)),
+    );
+    res
+}
+
+#[derive(serde::Deserialize)]
+struct CsrfOnly {
+    csrf: String,
+}
+
+async fn logout(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    axum::Extension(a): axum::Extension<Authed>,
+    Form(f): Form<CsrfOnly>,
+) -> Response {
+    if !auth::same_secret(&f.csrf, &a.session.csrf) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "refused: missing or wrong CSRF token",
+        );
+    }
+    if let Some(id) = cookie_value(&headers, SESSION_COOKIE) {
+        app.sessions.close(id);
+    }
+    let mut res = Redirect::to("/login").into_response();
+    res.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&app, SESSION_COOKIE, "", Some(0)),
+    );
+    res
+}
+
+/// A database error as a page: the message, never a panic.
+pub(crate) fn db_error(e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "console could not read the database");
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("the database could not be read: {e}"),
+    )
+}

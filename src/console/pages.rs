@@ -1,0 +1,500 @@
+//! The console's read-only pages: the overview, the run list, a job's
+//! calendar, stale runs with their evidence, the audit log and the
+//! registered processes. Each reads the queue's and the registry's views on
+//! the database clock; none writes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use chrono::{Days, NaiveDate};
+use maud::{html, Markup};
+
+use super::calendar::{self, Expected};
+use super::html::{self, age, at, at_opt, badge, encode, run_href};
+use super::{db_error, refuse, App, Authed};
+use crate::clock::Clock;
+use crate::key::JobName;
+use crate::queue::{self, AuditFilter, RunCursor, RunFilter, RunStatus, StaleRun};
+use crate::runtime::worker_registry;
+
+/// Rows per page of the run list and the audit log.
+const PAGE: u32 = 100;
+
+/// Every job with runs: its newest period's state, FAILED, stale and
+/// pending counts, the oldest pending age; then live processes and
+/// configuration drift.
+pub(crate) async fn overview(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+) -> Response {
+    let gauges = match queue::gauges(&app.pool, &[], Clock::Db).await {
+        Ok(g) => g,
+        Err(e) => return db_error(e),
+    };
+    let names: Vec<String> = gauges.iter().map(|(n, _)| n.to_string()).collect();
+    let latest: BTreeMap<String, queue::RunView> = match queue::latest_runs(&app.pool, &names).await
+    {
+        Ok(l) => l.into_iter().map(|r| (r.job_name.clone(), r)).collect(),
+        Err(e) => return db_error(e),
+    };
+    let processes = match worker_registry::processes(&app.pool).await {
+        Ok(p) => p,
+        Err(e) => return db_error(e),
+    };
+    let drift = match worker_registry::config_drift(&app.pool).await {
+        Ok(d) => d,
+        Err(e) => return db_error(e),
+    };
+    let count = |g: &queue::JobGauges, s: &str| {
+        g.runs.iter().find(|(st, _)| st == s).map_or(0, |(_, n)| *n)
+    };
+    let live: Vec<_> = processes.iter().filter(|p| p.live).collect();
+    let body = html! {
+        h1 { "Overview" }
+        table {
+            tr { th { "Job" } th { "Newest period" } th { "State" } th { "FAILED" } th { "Stale" }
+                 th { "Pending" } th { "Oldest pending" } th { "Running" } th { "Calendar" } }
+            @for (job, g) in &gauges {
+                @let job = job.to_string();
+                tr {
+                    td { a href={ "/runs?job=" (encode(&job)) } { (job) } }
+                    @match latest.get(&job) {
+                        Some(r) => {
+                            td { a href=(run_href(&r.job_key)) { (r.job_key) } }
+                            td { (badge(&r.status)) }
+                        }
+                        None => { td.muted { "no runs" } td { (html::nbsp()) } }
+                    }
+                    td.num { @if count(g, "FAILED") > 0 {
+                        a href={ "/runs?status=FAILED&job=" (encode(&job)) } { (count(g, "FAILED")) }
+                    } @else { "0" } }
+                    td.num { (g.stale) }
+                    td.num { (count(g, "PENDING")) }
+                    td.num { @if count(g, "PENDING") > 0 { (age(g.oldest_pending_seconds)) } @else { "—" } }
+                    td.num { (count(g, "RUNNING")) }
+                    td { a href={ "/jobs/" (encode(&job)) } { "calendar" } }
+                }
+            }
+        }
+        h2 { "Live processes: " (live.len()) }
+        @if live.is_empty() { p.muted { "No worker or producer is live." } }
+        @else {
+            table {
+                tr { th { "Process" } th { "Role" } th { "Host" } th { "Version" } th { "Last seen" } }
+                @for p in &live {
+                    tr { td { (p.worker_id) } td { (p.role) } td { (p.host) } td { (p.version) } td { (at(p.last_seen)) } }
+                }
+            }
+        }
+        h2 { "Configuration drift" }
+        @if drift.is_empty() { p.muted { "Every live process runs the same configuration of each job." } }
+        @for d in &drift {
+            div.note {
+                strong { (d.job_name) } ": live processes disagree on " (d.keys.join(", ")) "."
+                ul { @for p in &d.processes {
+                    li { (p.process_id) " (" (p.role) " on " (p.host) "): fingerprint " code { (p.fingerprint) } }
+                } }
+            }
+        }
+    };
+    html::page("Overview", &a.session, body).into_response()
+}
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct RunsQuery {
+    job: Option<String>,
+    status: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    key: Option<String>,
+    /// The cursor: the last row of the previous page, `DATE|KEY`.
+    after: Option<String>,
+}
+
+fn opt(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// The filter a query asks for, or the one line saying what is wrong.
+fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
+    let date = |s: Option<&str>| -> Result<Option<NaiveDate>, String> {
+        s.map(|s| crate::key::parse_date(s).map_err(|e| e.to_string()))
+            .transpose()
+    };
+    Ok(RunFilter {
+        job: opt(&q.job)
+            .map(|j| JobName::parse(j).map_err(|e| e.to_string()))
+            .transpose()?,
+        status: opt(&q.status)
+            .map(|s| {
+                RunStatus::parse(s).ok_or_else(|| {
+                    format!(
+                        "unknown state {:?}: PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED",
+                        crate::text::truncate(s)
+                    )
+                })
+            })
+            .transpose()?,
+        from: date(opt(&q.from))?,
+        to: date(opt(&q.to))?,
+        key: opt(&q.key).map(|k| k.chars().take(120).collect()),
+    })
+}
+
+fn cursor(q: &RunsQuery) -> Result<Option<RunCursor>, String> {
+    let Some(after) = opt(&q.after) else {
+        return Ok(None);
+    };
+    let (d, k) = after
+        .split_once('|')
+        .ok_or_else(|| "bad page cursor".to_owned())?;
+    Ok(Some(RunCursor {
+        business_date: crate::key::parse_date(d).map_err(|e| e.to_string())?,
+        job_key: k.chars().take(120).collect(),
+    }))
+}
+
+/// Runs filtered by job, state, business date range and key, a page at a
+/// time, newest business date first.
+pub(crate) async fn runs(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Query(q): Query<RunsQuery>,
+) -> Response {
+    let (filter, after) = match (run_filter(&q), cursor(&q)) {
+        (Ok(f), Ok(c)) => (f, c),
+        (Err(e), _) | (_, Err(e)) => return refuse(StatusCode::BAD_REQUEST, &e),
+    };
+    let rows = match queue::search_runs(&app.pool, &filter, after.as_ref(), PAGE + 1).await {
+        Ok(r) => r,
+        Err(e) => return db_error(e),
+    };
+    let more = rows.len() > PAGE as usize;
+    let rows = &rows[..rows.len().min(PAGE as usize)];
+    let keep = |name: &str, v: &Option<String>| {
+        opt(v)
+            .map(|v| format!("&{name}={}", encode(v)))
+            .unwrap_or_default()
+    };
+    let base = format!(
+        "/runs?{}{}{}{}{}",
+        keep("job", &q.job),
+        keep("status", &q.status),
+        keep("from", &q.from),
+        keep("to", &q.to),
+        keep("key", &q.key)
+    );
+    let next = rows.last().filter(|_| more).map(|r| {
+        format!(
+            "{base}&after={}",
+            encode(&format!("{}|{}", r.business_date, r.job_key))
+        )
+    });
+    let body = html! {
+        h1 { "Runs" }
+        form.filter method="get" action="/runs" {
+            label { "Job" input type="text" name="job" value=(opt(&q.job).unwrap_or("")); }
+            label { "State" select name="status" {
+                option value="" { "any" }
+                @for s in ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "SKIPPED"] {
+                    option value=(s) selected[opt(&q.status) == Some(s)] { (s) }
+                }
+            } }
+            label { "From" input type="date" name="from" value=(opt(&q.from).unwrap_or("")); }
+            label { "To" input type="date" name="to" value=(opt(&q.to).unwrap_or("")); }
+            label { "Key contains" input type="text" name="key" value=(opt(&q.key).unwrap_or("")); }
+            button type="submit" { "Filter" }
+        }
+        (run_table(rows))
+        @if rows.is_empty() { p.muted { "No run matches." } }
+        p {
+            @if after.is_some() { a href=(base) { "First page" } " " }
+            @if let Some(n) = next { a href=(n) { "Next page" } }
+        }
+    };
+    html::page("Runs", &a.session, body).into_response()
+}
+
+fn run_table(rows: &[queue::RunView]) -> Markup {
+    html! {
+        table {
+            tr { th { "Key" } th { "State" } th { "Attempts" } th { "Processed" } th { "Failed items" }
+                 th { "Finished" } th { "Last error" } }
+            @for r in rows {
+                tr {
+                    td { a href=(run_href(&r.job_key)) { (r.job_key) } }
+                    td { (badge(&r.status)) }
+                    td.num { (r.attempts) "/" (r.max_attempts) }
+                    td.num { (r.processed_count) }
+                    td.num { (r.failed_count) }
+                    td { (at_opt(r.finished_at)) }
+                    td { (r.error_message.as_deref().unwrap_or("")) }
+                }
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct CalendarQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// A job's business periods over a range, with the missing ones.
+pub(crate) async fn calendar(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Path(job): Path<String>,
+    Query(q): Query<CalendarQuery>,
+) -> Response {
+    let job = match JobName::parse(&job) {
+        Ok(j) => j,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let settings = match worker_registry::recorded_settings(&app.pool, &job).await {
+        Ok(s) => s,
+        Err(e) => return db_error(e),
+    };
+    let expected = settings
+        .as_ref()
+        .map(Expected::from_settings)
+        .unwrap_or_else(|| {
+            Err("no producer or worker has recorded this job's configuration".into())
+        });
+    // The database's today, in the job's zone: the default range ends there.
+    let now = match queue::database_now(&app.pool).await {
+        Ok(n) => n,
+        Err(e) => return db_error(e),
+    };
+    let tz = expected
+        .as_ref()
+        .map(|e| e.timezone)
+        .unwrap_or(chrono_tz::UTC);
+    let sub_daily = expected
+        .as_ref()
+        .is_ok_and(|e| e.covers == crate::schedule::Covers::Firing);
+    let today = now.with_timezone(&tz).date_naive();
+    let parse = |s: Option<&str>| s.map(crate::key::parse_date).transpose();
+    let (from, to) = match (parse(opt(&q.from)), parse(opt(&q.to))) {
+        (Ok(f), Ok(t)) => {
+            let to = t.unwrap_or(today);
+            let back = if sub_daily { 1 } else { 41 };
+            (
+                f.unwrap_or(to.checked_sub_days(Days::new(back)).unwrap_or(to)),
+                to,
+            )
+        }
+        (Err(e), _) | (_, Err(e)) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    if from > to {
+        return refuse(StatusCode::BAD_REQUEST, "the range ends before it starts");
+    }
+    let filter = RunFilter {
+        job: Some(job.clone()),
+        from: Some(from),
+        to: Some(to),
+        ..RunFilter::default()
+    };
+    let runs =
+        match queue::search_runs(&app.pool, &filter, None, calendar::MAX_CELLS as u32 + 1).await {
+            Ok(r) => r,
+            Err(e) => return db_error(e),
+        };
+    let (cells, cut) = calendar::cells(job.as_str(), from, to, runs, expected.as_ref().ok(), now);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &cells {
+        *counts.entry(c.state.as_str()).or_default() += 1;
+    }
+    let body = html! {
+        h1 { "Calendar of " (job.as_str()) }
+        form.filter method="get" action={ "/jobs/" (encode(job.as_str())) } {
+            label { "From" input type="date" name="from" value=(from.to_string()); }
+            label { "To" input type="date" name="to" value=(to.to_string()); }
+            button type="submit" { "Show" }
+        }
+        @match &expected {
+            Ok(e) => p.muted { "Schedule " code { (e.schedule.as_str()) } " in " (e.timezone.name())
+                ", covers " (e.covers.as_str()) ", as a producer (or else a worker) recorded it in the database. Periods are shown up to now." },
+            Err(why) => (html::message("note", &format!("Missing periods cannot be shown: {why}. Only the runs that exist are shown."))),
+        }
+        @if cut { (html::message("note", &format!("Only the first {} periods are shown; narrow the range.", calendar::MAX_CELLS))) }
+        p { @for (state, n) in &counts { (badge(state)) " " (n) "  " } }
+        div.cal {
+            @for c in &cells {
+                @let title = c.note.clone().unwrap_or_default();
+                @match &c.run {
+                    Some(r) => a class=(c.state) href=(run_href(&r.job_key)) title=(title) {
+                        (c.period) br; (c.state)
+                    },
+                    None => span class=(c.state) title=(title) { (c.period) br; (c.state) },
+                }
+            }
+        }
+        @if cells.is_empty() { p.muted { "No period in this range." } }
+        @let skipped: Vec<&calendar::Cell> = cells.iter().filter(|c| c.state == "SKIPPED").collect();
+        @if !skipped.is_empty() {
+            h2 { "Skipped periods" }
+            table {
+                tr { th { "Period" } th { "Why" } }
+                @for c in &skipped { tr { td { (c.period) } td { (c.note.as_deref().unwrap_or("—")) } } }
+            }
+        }
+    };
+    html::page(&format!("Calendar of {}", job.as_str()), &a.session, body).into_response()
+}
+
+/// Stale runs with their evidence and conclusion, as `runs stale` gives
+/// them.
+pub(crate) async fn stale(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+) -> Response {
+    let runs = match queue::stale_runs(&app.pool, Clock::Db).await {
+        Ok(r) => r,
+        Err(e) => return db_error(e),
+    };
+    let body = html! {
+        h1 { "Stale runs" }
+        @if runs.is_empty() { p.muted { "No run is stale." } }
+        @for r in &runs { (stale_evidence(r)) }
+    };
+    html::page("Stale runs", &a.session, body).into_response()
+}
+
+/// One stale run's evidence and verdict (also on the run's page).
+pub(crate) fn stale_evidence(r: &StaleRun) -> Markup {
+    html! {
+        h2 { a href=(run_href(&r.job_key)) { (r.job_key) } " — " strong { (r.conclusion) } }
+        table {
+            tr { th { "Attempt" } td { (r.attempt) } }
+            tr { th { "Worker" } td { (r.worker_id.as_deref().unwrap_or("—")) } }
+            tr { th { "Running for" } td { (age(r.running_seconds)) } }
+            tr { th { "Lease expired" } td { (if r.lease_expired { "yes" } else { "no" }) } }
+            tr { th { "Heartbeat age" } td { (r.heartbeat_age_seconds.map(age).unwrap_or_else(|| "never".into())) } }
+            tr { th { "Processed" } td { (r.processed_count) (if r.advanced_since_heartbeat { " (advancing)" } else { " (not advancing)" }) } }
+            tr { th { "Worker last seen" } td { (r.worker_last_seen_age_seconds.map(|s| format!("{} ago", age(s))).unwrap_or_else(|| "never".into())) } }
+            tr { th { "Database session" } td { (if r.session_alive { "connected" } else { "none" }) } }
+            @if let Some(w) = &r.lock_wait {
+                tr { th { "Waiting on a lock" } td {
+                    "session " (w.pid) " waits"
+                    (w.waiting_seconds.map(|s| format!(" for {}", age(s))).unwrap_or_default())
+                    ul { @for b in &w.blockers { li { (b.session.describe()) } } }
+                } }
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct AuditQuery {
+    job: Option<String>,
+    key: Option<String>,
+    operator: Option<String>,
+    action: Option<String>,
+    before: Option<i64>,
+}
+
+/// The audit log, newest first, filtered and paged.
+pub(crate) async fn audit(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Query(q): Query<AuditQuery>,
+) -> Response {
+    let job = match opt(&q.job).map(JobName::parse).transpose() {
+        Ok(j) => j,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let filter = AuditFilter {
+        job,
+        key: opt(&q.key).map(|k| k.chars().take(120).collect()),
+        operator: opt(&q.operator).map(|o| o.chars().take(80).collect()),
+        action: opt(&q.action).map(|o| o.chars().take(20).collect()),
+    };
+    let rows = match queue::audit_log(&app.pool, &filter, q.before, PAGE + 1).await {
+        Ok(r) => r,
+        Err(e) => return db_error(e),
+    };
+    let more = rows.len() > PAGE as usize;
+    let rows = &rows[..rows.len().min(PAGE as usize)];
+    let keep = |name: &str, v: &Option<String>| {
+        opt(v)
+            .map(|v| format!("&{name}={}", encode(v)))
+            .unwrap_or_default()
+    };
+    let base = format!(
+        "/audit?{}{}{}{}",
+        keep("job", &q.job),
+        keep("key", &q.key),
+        keep("operator", &q.operator),
+        keep("action", &q.action)
+    );
+    let body = html! {
+        h1 { "Audit log" }
+        form.filter method="get" action="/audit" {
+            label { "Job" input type="text" name="job" value=(opt(&q.job).unwrap_or("")); }
+            label { "Key contains" input type="text" name="key" value=(opt(&q.key).unwrap_or("")); }
+            label { "Operator" input type="text" name="operator" value=(opt(&q.operator).unwrap_or("")); }
+            label { "Action" select name="action" {
+                option value="" { "any" }
+                @for s in ["fail", "rerun", "skip", "terminate-blocker"] {
+                    option value=(s) selected[opt(&q.action) == Some(s)] { (s) }
+                }
+            } }
+            button type="submit" { "Filter" }
+        }
+        table {
+            tr { th { "When" } th { "Operator" } th { "From" } th { "Action" } th { "Run" } th { "Change" } th { "Reason" } }
+            @for r in rows {
+                tr {
+                    td { (at(r.at)) }
+                    td { (r.operator) br; span.muted { "db user " (r.session_user) } }
+                    td { (r.remote_addr.as_deref().map(|x| format!("console, {x}")).unwrap_or_else(|| "command line".into())) }
+                    td { (r.action) }
+                    td { a href=(run_href(&r.job_key)) { (r.job_key) } }
+                    td { (badge(&r.before_status)) " → " (badge(&r.after_status)) }
+                    td { (r.reason) @if let Some(d) = &r.detail { br; span.muted { (d) } } }
+                }
+            }
+        }
+        @if rows.is_empty() { p.muted { "No audited action matches." } }
+        p {
+            @if q.before.is_some() { a href=(base) { "Newest" } " " }
+            @if more { @if let Some(last) = rows.last() { a href={ (base) "&before=" (last.id) } { "Older" } } }
+        }
+    };
+    html::page("Audit log", &a.session, body).into_response()
+}
+
+/// Registered processes: live first, with version and configuration
+/// fingerprints.
+pub(crate) async fn workers(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+) -> Response {
+    let processes = match worker_registry::processes(&app.pool).await {
+        Ok(p) => p,
+        Err(e) => return db_error(e),
+    };
+    let body = html! {
+        h1 { "Workers and producers" }
+        table {
+            tr { th { "Process" } th { "Role" } th { "Live" } th { "Host" } th { "PID" } th { "Version" }
+                 th { "Started" } th { "Last seen" } th { "Configuration" } }
+            @for p in &processes {
+                tr {
+                    td { (p.worker_id) } td { (p.role) } td { (if p.live { "live" } else { "gone" }) }
+                    td { (p.host) } td.num { (p.pid) } td { (p.version) }
+                    td { (at(p.started_at)) } td { (at(p.last_seen)) }
+                    td { @for (job, fp) in &p.jobs { (job) " " code { (fp) } br; } }
+                }
+            }
+        }
+        @if processes.is_empty() { p.muted { "No process has registered." } }
+    };
+    html::page("Workers", &a.session, body).into_response()
+}

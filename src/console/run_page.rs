@@ -1,0 +1,368 @@
+//! One run: its context, its attempts as a timeline, progress, the stale
+//! evidence and verdict, its audited history, and the operator actions.
+//!
+//! An action is two requests: a preview, which checks it against the run's
+//! current state without writing and shows the change, and a confirmation,
+//! which applies it through the queue's `blockers::act_from` only if the run
+//! is still in the previewed state. The operator is the signed-in user,
+//! never a name from the form; the reason is required. An action waits at
+//! most five seconds for the run's row, then names the session holding it;
+//! the console never ends a session.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use maud::{html, Markup};
+
+use super::html::{self, age, at, at_opt, badge, encode, run_href};
+use super::pages::stale_evidence;
+use super::{auth, db_error, refuse, App, Authed};
+use crate::clock::Clock;
+use crate::key::JobKey;
+use crate::queue::blockers::{self, ActError, ActOptions};
+use crate::queue::{self, Action, OperatorRequest, Origin};
+
+/// How long an action waits for the run's row before it names the session
+/// holding it, as `runs fail|rerun|skip` do by default.
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct ShowQuery {
+    done: Option<String>,
+}
+
+pub(crate) async fn show(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Path(key): Path<String>,
+    Query(q): Query<ShowQuery>,
+) -> Response {
+    let key = match JobKey::parse(&key) {
+        Ok(k) => k,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let message = q
+        .done
+        .as_deref()
+        .map(|d| ("done", format!("{}: applied.", crate::text::truncate(d))));
+    render(&app, &a, &key, message, None).await
+}
+
+/// The run's page, with an optional message box and an optional preview
+/// (with its confirmation form) above the actions.
+async fn render(
+    app: &App,
+    a: &Authed,
+    key: &JobKey,
+    message: Option<(&str, String)>,
+    preview: Option<Markup>,
+) -> Response {
+    let (run, attempts) = match queue::show_run(&app.pool, key).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                &format!("no run with key {}", key.as_str()),
+            )
+        }
+        Err(e) => return db_error(e),
+    };
+    let history = match queue::actions(&app.pool, key).await {
+        Ok(h) => h,
+        Err(e) => return db_error(e),
+    };
+    let stale = match queue::stale_runs(&app.pool, Clock::Db).await {
+        Ok(s) => s.into_iter().find(|s| s.job_key == run.job_key),
+        Err(e) => return db_error(e),
+    };
+    let context: Vec<(String, String)> = run
+        .context
+        .as_ref()
+        .and_then(|c| c.to_json().as_object().cloned())
+        .map(|m| {
+            m.into_iter()
+                .map(|(k, v)| {
+                    let v = v
+                        .as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| v.to_string());
+                    (k, v)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let may_act = html::may_act(a.session.user.role);
+    let body = html! {
+        h1 { (run.job_key) " " (badge(&run.status)) }
+        @if let Some((class, text)) = &message { (html::message(class, text)) }
+        @if let Some(p) = preview { (p) }
+        table {
+            tr { th { "Job" } td { a href={ "/jobs/" (encode(&run.job_name)) } { (run.job_name) } } }
+            tr { th { "Business date" } td { (run.business_date) } }
+            tr { th { "Attempts" } td { (run.attempts) " of " (run.max_attempts) } }
+            tr { th { "Progress" } td { (run.processed_count) " items processed, " (run.failed_count) " failed" } }
+            tr { th { "Enqueued" } td { (at(run.enqueued_at)) } }
+            tr { th { "Started" } td { (at_opt(run.started_at)) } }
+            tr { th { "Finished" } td { (at_opt(run.finished_at)) } }
+            tr { th { "Next attempt not before" } td { (at(run.next_run_at)) } }
+            @if run.status == "RUNNING" {
+                tr { th { "Lease" } td {
+                    (run.lease_owner.as_deref().unwrap_or("—")) ", token "
+                    (run.lease_token.map(|t| t.to_string()).unwrap_or_else(|| "—".into()))
+                    ", expires " (at_opt(run.lease_expires_at))
+                    ", last heartbeat " (at_opt(run.heartbeat_at))
+                } }
+            }
+            tr { th { "Last error" } td { (run.error_message.as_deref().unwrap_or("—")) } }
+        }
+        h2 { "Context (fixed when enqueued)" }
+        @if context.is_empty() { p.muted { "Enqueued by an earlier release without a stored context." } }
+        @else { table { @for (k, v) in &context { tr { th { (k) } td { code { (v) } } } } } }
+        @if let Some(s) = &stale { (stale_evidence(s)) }
+        h2 { "Attempts" }
+        @if attempts.is_empty() { p.muted { "No attempt yet." } }
+        @for t in &attempts {
+            div {
+                h3 { "Attempt " (t.attempt) " — " (t.outcome.as_deref().unwrap_or("running")) }
+                p {
+                    "Worker " code { (t.worker_id) } ", token " code { (t.lease_token) } ", "
+                    (at(t.started_at)) " → " (at_opt(t.finished_at))
+                    @if let Some(f) = t.finished_at { " (" (age((f - t.started_at).num_milliseconds() as f64 / 1000.0)) ")" }
+                    ", " (t.processed_count) " items, " (t.failed_count) " failed"
+                }
+                @if let Some(e) = &t.error_message { pre { (e) } }
+                @if let Some(o) = &t.output { details { summary { "Output" } pre { (o) } } }
+            }
+        }
+        h2 { "Operator history" }
+        @if history.is_empty() { p.muted { "No operator has acted on this run." } }
+        @else {
+            table {
+                tr { th { "When" } th { "Operator" } th { "Action" } th { "Change" } th { "Reason" } }
+                @for h in &history {
+                    tr { td { (at(h.at)) } td { (h.operator) } td { (h.action) }
+                         td { (h.before_status) " → " (h.after_status) } td { (h.reason) } }
+                }
+            }
+        }
+        h2 { "Actions" }
+        @if !may_act { p.muted { "You are a viewer: only an operator may act." } }
+        @else {
+            @for action in [Action::Fail, Action::Rerun, Action::Skip] {
+                (action_form(a, &run.job_key, &run.status, action))
+            }
+        }
+    };
+    html::page(&run.job_key, &a.session, body).into_response()
+}
+
+/// A preview form for `action`, offered when the run's state allows it
+/// (with `force` where the command line would need `--force`).
+fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Markup {
+    let (plain, forced): (&[&str], &[&str]) = match action {
+        Action::Fail => (&["RUNNING"], &["PENDING"]),
+        Action::Rerun => (&["FAILED"], &["SUCCEEDED", "SKIPPED"]),
+        Action::Skip => (&["PENDING", "FAILED"], &[]),
+    };
+    let needs_force = forced.contains(&status);
+    if !plain.contains(&status) && !needs_force {
+        return html! {};
+    }
+    let label = match action {
+        Action::Fail => "Fail",
+        Action::Rerun => "Re-run",
+        Action::Skip => "Skip",
+    };
+    html! {
+        form.act method="post" action={ (run_href(key)) "/preview" } {
+            input type="hidden" name="csrf" value=(a.session.csrf);
+            input type="hidden" name="action" value=(action.as_str());
+            strong { (label) }
+            label { "Reason (required)" input.reason type="text" name="reason" required minlength="3" maxlength="500"; }
+            @if needs_force || action == Action::Fail {
+                label { "Force" input type="checkbox" name="force" value="true" checked[needs_force]; }
+            }
+            button type="submit" { "Preview" }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub(crate) struct ActionForm {
+    csrf: Option<String>,
+    action: String,
+    reason: String,
+    force: Option<String>,
+    /// On confirmation: the state the preview showed.
+    expected: Option<String>,
+}
+
+/// The checks every action request passes: the CSRF token, the role, the
+/// key, the action and the reason. The operator is the session's user. A
+/// refusal is its status and one line.
+fn request(a: &Authed, key: &str, f: &ActionForm) -> Result<OperatorRequest, (StatusCode, String)> {
+    let refused = |status: StatusCode, why: &str| (status, why.to_owned());
+    match &f.csrf {
+        Some(t) if auth::same_secret(t, &a.session.csrf) => {}
+        _ => {
+            return Err(refused(
+                StatusCode::FORBIDDEN,
+                "refused: missing or wrong CSRF token; reload the page and try again",
+            ))
+        }
+    }
+    if !html::may_act(a.session.user.role) {
+        return Err(refused(
+            StatusCode::FORBIDDEN,
+            "refused: only an operator may act; you are a viewer",
+        ));
+    }
+    let key = JobKey::parse(key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let action = match f.action.as_str() {
+        "fail" => Action::Fail,
+        "rerun" => Action::Rerun,
+        "skip" => Action::Skip,
+        _ => return Err(refused(StatusCode::BAD_REQUEST, "unknown action")),
+    };
+    let reason = crate::text::reason(&f.reason)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("reason: {e}")))?;
+    Ok(OperatorRequest {
+        action,
+        key,
+        operator: a.session.user.name.clone(),
+        reason,
+        force: f.force.as_deref() == Some("true"),
+        stale_after: crate::config::JobConfig::default().stale_after,
+        max_attempts: crate::config::JobConfig::default().max_attempts,
+    })
+}
+
+pub(crate) async fn preview(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Path(key): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let req = match request(&a, &key, &f) {
+        Ok(r) => r,
+        Err((status, why)) => return refuse(status, &why),
+    };
+    match queue::preview_action(&app.pool, &req, Clock::Db).await {
+        Err(e) => db_error(e),
+        Ok(Err(refused)) => {
+            render(
+                &app,
+                &a,
+                &req.key,
+                Some(("error", refused.to_string())),
+                None,
+            )
+            .await
+        }
+        Ok(Ok(outcome)) => {
+            let confirm = html! {
+                div.note {
+                    p { strong { (outcome.action) } " " (outcome.job_key) ": "
+                        (badge(&outcome.before)) " → " (badge(&outcome.after))
+                        @if req.force { " (forced)" } }
+                    p { "Reason: " (req.reason) }
+                    p { "Recorded as operator " strong { (req.operator) } " from " (a.remote) "." }
+                    form method="post" action={ (run_href(&outcome.job_key)) "/apply" } {
+                        input type="hidden" name="csrf" value=(a.session.csrf);
+                        input type="hidden" name="action" value=(outcome.action);
+                        input type="hidden" name="reason" value=(req.reason);
+                        input type="hidden" name="expected" value=(outcome.before);
+                        @if req.force { input type="hidden" name="force" value="true"; }
+                        button type="submit" { "Apply: " (outcome.action) " " (outcome.job_key) }
+                        " "
+                        a href=(run_href(&outcome.job_key)) { "Cancel" }
+                    }
+                }
+            };
+            render(&app, &a, &req.key, None, Some(confirm)).await
+        }
+    }
+}
+
+pub(crate) async fn apply(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Path(key): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let req = match request(&a, &key, &f) {
+        Ok(r) => r,
+        Err((status, why)) => return refuse(status, &why),
+    };
+    let origin = Origin {
+        remote_addr: a.remote.clone(),
+        expected_before: f.expected.clone().filter(|e| !e.is_empty()),
+    };
+    let opts = ActOptions {
+        lock_timeout: LOCK_TIMEOUT,
+        terminate_blocker: false,
+        dry_run: false,
+    };
+    let refused = match blockers::act_from(&app.pool, &req, Clock::Db, opts, Some(&origin)).await {
+        Ok(report) => {
+            let outcome = report.outcome;
+            tracing::info!(
+                operator = %req.operator, remote = %a.remote, action = %outcome.action,
+                key = %outcome.job_key, "console action applied"
+            );
+            let done = format!(
+                "{} {} ({} → {})",
+                outcome.action, outcome.job_key, outcome.before, outcome.after
+            );
+            return Redirect::to(&format!(
+                "{}?done={}",
+                run_href(&outcome.job_key),
+                encode(&done)
+            ))
+            .into_response();
+        }
+        Err(ActError::Queue(e)) => return db_error(e),
+        Err(ActError::Blocked(b)) => {
+            // The console does not end sessions: it names the holder and
+            // leaves that to an operator at a terminal.
+            let mut why = format!(
+                "{} {}: gave up after {} s waiting for the run's row, which another session holds",
+                b.action, b.job_key, b.lock_timeout_seconds
+            );
+            for line in b.detail() {
+                why.push_str(&format!("; {}", line.trim()));
+            }
+            why.push_str(&format!(
+                ". Check Stale; to end that session, run `batchonce runs {} {} --operator … --reason … --terminate-blocker` as an operator.",
+                b.action, b.job_key
+            ));
+            let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
+            *res.status_mut() = StatusCode::CONFLICT;
+            return res;
+        }
+        Err(ActError::Refused(r)) => r,
+    };
+    // Say who got there first, from the audit log.
+    let last = queue::actions(&app.pool, &req.key)
+        .await
+        .ok()
+        .and_then(|h| h.into_iter().last());
+    let mut why = refused.to_string();
+    if let Some(l) = last {
+        why.push_str(&format!(
+            ". Last action: {} by {} at {} ({} → {}): {}",
+            l.action,
+            l.operator,
+            at(l.at),
+            l.before_status,
+            l.after_status,
+            l.reason
+        ));
+    }
+    let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
+    *res.status_mut() = StatusCode::CONFLICT;
+    res
+}

@@ -1,0 +1,178 @@
+//! Read views for the console: run lists filtered by job, state, business
+//! date range and key and paged by keyset (so any number of runs can be paged
+//! through at the same cost), the newest run of each job, and the audit log.
+//! Reads only; nothing here writes.
+//!
+//! - `search_runs(filter, after, limit)` orders by business date (newest
+//!   first), then key, and continues after a `RunCursor` (the last row of
+//!   the previous page), never by offset.
+//! - `latest_runs(jobs)` reads each job's newest run through the
+//!   `(job_name, business_date)` index, one lookup per job.
+//! - `audit_log(filter, before_id, limit)` lists `batch_operator_action`
+//!   newest first, with the console's `remote_addr`.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::{PgPool, Row};
+
+use super::runs::{run_from_row, RUN_COLUMNS};
+use super::{context, QueueError, RunStatus, RunView};
+use crate::key::JobName;
+
+/// Which runs a list shows; every field narrows it.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub job: Option<JobName>,
+    pub status: Option<RunStatus>,
+    /// Business dates from (inclusive).
+    pub from: Option<NaiveDate>,
+    /// Business dates to (inclusive).
+    pub to: Option<NaiveDate>,
+    /// Part of the key, matched as text (no pattern characters).
+    pub key: Option<String>,
+}
+
+/// Where a page of runs ends: the next page starts after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCursor {
+    pub business_date: NaiveDate,
+    pub job_key: String,
+}
+
+/// Runs matching `filter`, newest business date first, then by key,
+/// starting after `after`; at most `limit`.
+pub async fn search_runs(
+    pool: &PgPool,
+    filter: &RunFilter,
+    after: Option<&RunCursor>,
+    limit: u32,
+) -> Result<Vec<RunView>, QueueError> {
+    let sql = format!(
+        "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
+         WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
+           AND ($3::date IS NULL OR r.business_date >= $3) \
+           AND ($4::date IS NULL OR r.business_date <= $4) \
+           AND ($5::text IS NULL OR strpos(r.job_key, $5) > 0) \
+           AND ($6::date IS NULL OR r.business_date < $6 \
+                OR (r.business_date = $6 AND r.job_key > $7)) \
+         ORDER BY r.business_date DESC, r.job_key LIMIT $8",
+        context::COLUMNS
+    );
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(&sql)
+        .bind(filter.status.map(RunStatus::as_str))
+        .bind(filter.job.as_ref().map(JobName::as_str))
+        .bind(filter.from)
+        .bind(filter.to)
+        .bind(filter.key.as_deref().filter(|k| !k.is_empty()))
+        .bind(after.map(|c| c.business_date))
+        .bind(after.map(|c| c.job_key.as_str()))
+        .bind(limit as i64)
+        .fetch_all(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    rows.iter().map(run_from_row).collect()
+}
+
+/// The newest run (latest business date, then the greatest key) of each of
+/// `jobs` that has one.
+pub async fn latest_runs(pool: &PgPool, jobs: &[String]) -> Result<Vec<RunView>, QueueError> {
+    let sql = format!(
+        "SELECT x.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL ( \
+           SELECT {RUN_COLUMNS}, {} FROM batch_job_run r WHERE r.job_name = j.name \
+           ORDER BY r.business_date DESC, r.job_key DESC LIMIT 1) x \
+         ORDER BY x.job_name",
+        context::COLUMNS
+    );
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(&sql)
+        .bind(jobs)
+        .fetch_all(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    rows.iter().map(run_from_row).collect()
+}
+
+/// Which audit rows to show; every field narrows it.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub job: Option<JobName>,
+    /// Part of the key, matched as text.
+    pub key: Option<String>,
+    pub operator: Option<String>,
+    pub action: Option<String>,
+}
+
+/// One row of the audit log.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub operator: String,
+    pub session_user: String,
+    pub action: String,
+    pub job_key: String,
+    pub reason: String,
+    pub before_status: String,
+    pub after_status: String,
+    pub detail: Option<String>,
+    /// Where a console user acted from; `None` for the command line.
+    pub remote_addr: Option<String>,
+}
+
+/// Audit rows matching `filter`, newest first, with ids below `before_id`.
+pub async fn audit_log(
+    pool: &PgPool,
+    filter: &AuditFilter,
+    before_id: Option<i64>,
+    limit: u32,
+) -> Result<Vec<AuditRow>, QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        "SELECT a.id, a.at, a.operator, a.session_user_name, a.action, a.job_key, a.reason, \
+                a.before_status, a.after_status, a.detail, a.remote_addr \
+         FROM batch_operator_action a \
+         WHERE ($1::text IS NULL OR split_part(a.job_key, ':', 1) = $1) \
+           AND ($2::text IS NULL OR strpos(a.job_key, $2) > 0) \
+           AND ($3::text IS NULL OR a.operator = $3) \
+           AND ($4::text IS NULL OR a.action = $4) \
+           AND ($5::bigint IS NULL OR a.id < $5) \
+         ORDER BY a.id DESC LIMIT $6",
+    )
+    .bind(filter.job.as_ref().map(JobName::as_str))
+    .bind(filter.key.as_deref().filter(|k| !k.is_empty()))
+    .bind(filter.operator.as_deref().filter(|o| !o.is_empty()))
+    .bind(filter.action.as_deref().filter(|a| !a.is_empty()))
+    .bind(before_id)
+    .bind(limit as i64)
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    rows.iter()
+        .map(|r| {
+            Ok(AuditRow {
+                id: r.try_get("id")?,
+                at: r.try_get("at")?,
+                operator: r.try_get("operator")?,
+                session_user: r.try_get("session_user_name")?,
+                action: r.try_get("action")?,
+                job_key: r.try_get("job_key")?,
+                reason: r.try_get("reason")?,
+                before_status: r.try_get("before_status")?,
+                after_status: r.try_get("after_status")?,
+                detail: r.try_get("detail")?,
+                remote_addr: r.try_get("remote_addr")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(QueueError::from)
+}
+
+/// The database's clock now: what the console compares periods with.
+pub async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let now = crate::db::query_scalar("SELECT now()")
+        .fetch_one(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    Ok(now)
+}
