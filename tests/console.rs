@@ -787,14 +787,15 @@ async fn the_run_list_pages_through_every_run_once() {
 }
 
 #[tokio::test]
-async fn an_action_behind_a_lock_gives_up_and_names_the_holder() {
+async fn an_action_behind_a_lock_names_the_holder_and_can_end_it_audited() {
     let c = start(None).await;
     c.runs("settle", &[("2026-09-15", "FAILED", None)]).await;
     let op = c.login("alice").await;
-    // A session holding the run's row, as an operator's open psql would.
+    // A session holding the run's row, as a stuck fenced transaction does.
     let mut holder = c.db.pool.begin().await.unwrap();
     let pid: i32 = sqlx::query_scalar(
-        "SELECT pg_backend_pid() FROM batch_job_run WHERE job_key = 'settle:2026-09-15' FOR UPDATE",
+        "SELECT pg_backend_pid() FROM batch_job_run WHERE job_key = 'settle:2026-09-15' \
+         FOR KEY SHARE",
     )
     .fetch_one(&mut *holder)
     .await
@@ -820,14 +821,53 @@ async fn an_action_behind_a_lock_gives_up_and_names_the_holder() {
     );
     assert!(body.contains(&format!("session {pid}")), "{body}");
     assert!(waited < Duration::from_secs(15), "{waited:?}");
-    holder.rollback().await.unwrap();
     // Nothing changed, and nothing was audited.
-    let (status, audits): (String, i64) = sqlx::query_as(
-        "SELECT r.status, (SELECT count(*) FROM batch_operator_action) \
-         FROM batch_job_run r WHERE r.job_key = 'settle:2026-09-15'",
+    let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_operator_action")
+        .fetch_one(&c.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(audits, 0);
+    // The page offers to end the holder, as a second confirmation.
+    assert!(body.contains("End the holding session and rerun"), "{body}");
+    let res = c
+        .post_as(
+            &op,
+            "/runs/settle:2026-09-15/apply",
+            &[
+                ("csrf", op.csrf.as_str()),
+                ("action", "rerun"),
+                ("reason", "behind a lock"),
+                ("expected", "FAILED"),
+                ("terminate_blocker", "true"),
+            ],
+        )
+        .await;
+    let status = res.status();
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        res.text().await.unwrap()
+    );
+    // The holder's session is gone; the audit has the ending first, then
+    // the action, both from the console user's address.
+    assert!(holder.rollback().await.is_err(), "the holder was ended");
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT action, operator, remote_addr FROM batch_operator_action ORDER BY id",
     )
-    .fetch_one(&c.db.pool)
+    .fetch_all(&c.db.pool)
     .await
     .unwrap();
-    assert_eq!((status.as_str(), audits), ("FAILED", 0));
+    let addr = Some("127.0.0.1".to_owned());
+    assert_eq!(
+        rows,
+        [
+            (
+                "terminate-blocker".to_owned(),
+                "alice".to_owned(),
+                addr.clone()
+            ),
+            ("rerun".to_owned(), "alice".to_owned(), addr)
+        ]
+    );
 }

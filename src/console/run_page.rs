@@ -6,8 +6,8 @@
 //! which applies it through the queue's `blockers::act_from` only if the run
 //! is still in the previewed state. The operator is the signed-in user,
 //! never a name from the form; the reason is required. An action waits at
-//! most five seconds for the run's row, then names the session holding it;
-//! the console never ends a session.
+//! most five seconds for the run's row, then names the session holding it
+//! and offers to end it (audited first) and act, as `--terminate-blocker`.
 
 use std::sync::Arc;
 
@@ -198,6 +198,9 @@ pub(crate) struct ActionForm {
     force: Option<String>,
     /// On confirmation: the state the preview showed.
     expected: Option<String>,
+    /// On confirmation after a lock: end the sessions holding the run's row
+    /// (audited), then act.
+    terminate_blocker: Option<String>,
 }
 
 /// The checks every action request passes: the CSRF token, the role, the
@@ -301,9 +304,10 @@ pub(crate) async fn apply(
         remote_addr: a.remote.clone(),
         expected_before: f.expected.clone().filter(|e| !e.is_empty()),
     };
+    let terminate = f.terminate_blocker.as_deref() == Some("true");
     let opts = ActOptions {
         lock_timeout: LOCK_TIMEOUT,
-        terminate_blocker: false,
+        terminate_blocker: terminate,
         dry_run: false,
     };
     let refused = match blockers::act_from(&app.pool, &req, Clock::Db, opts, Some(&origin)).await {
@@ -324,10 +328,26 @@ pub(crate) async fn apply(
             ))
             .into_response();
         }
+        Err(ActError::Queue(queue::QueueError::Database(e)))
+            if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") =>
+        {
+            // The holder locks the row against the audit row's key check
+            // too (FOR UPDATE): nothing was ended and nothing changed.
+            let why = format!(
+                "{} {}: the session holding the run's row also keeps the audit row from being written, \
+                 so it was not ended and nothing changed; see Stale for the session, and end it from psql \
+                 (pg_terminate_backend) or wait for it",
+                req.action.as_str(),
+                req.key
+            );
+            let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
+            *res.status_mut() = StatusCode::CONFLICT;
+            return res;
+        }
         Err(ActError::Queue(e)) => return db_error(e),
         Err(ActError::Blocked(b)) => {
-            // The console does not end sessions: it names the holder and
-            // leaves that to an operator at a terminal.
+            // It names the holder and offers, as a second confirmation, to
+            // end it (audited) and try once more, as `--terminate-blocker`.
             let mut why = format!(
                 "{} {}: gave up after {} s waiting for the run's row, which another session holds",
                 b.action, b.job_key, b.lock_timeout_seconds
@@ -335,11 +355,27 @@ pub(crate) async fn apply(
             for line in b.detail() {
                 why.push_str(&format!("; {}", line.trim()));
             }
-            why.push_str(&format!(
-                ". Check Stale; to end that session, run `batchonce runs {} {} --operator … --reason … --terminate-blocker` as an operator.",
-                b.action, b.job_key
-            ));
-            let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
+            if !b.terminated.is_empty() {
+                why.push_str(" (even after ending the sessions that held it)");
+            }
+            let offer = (!terminate && !b.blockers.is_empty()).then(|| {
+                html! {
+                    div.note {
+                        p { "Check the run's stale verdict first: ending a live worker's session fails its attempt. \
+                             Ending the session writes a terminate-blocker row to the audit log first." }
+                        form method="post" action={ (run_href(&req.key.to_string())) "/apply" } {
+                            input type="hidden" name="csrf" value=(a.session.csrf);
+                            input type="hidden" name="action" value=(req.action.as_str());
+                            input type="hidden" name="reason" value=(req.reason);
+                            input type="hidden" name="expected" value=(origin.expected_before.clone().unwrap_or_default());
+                            @if req.force { input type="hidden" name="force" value="true"; }
+                            input type="hidden" name="terminate_blocker" value="true";
+                            button type="submit" { "End the holding session and " (req.action.as_str()) }
+                        }
+                    }
+                }
+            });
+            let mut res = render(&app, &a, &req.key, Some(("error", why)), offer).await;
             *res.status_mut() = StatusCode::CONFLICT;
             return res;
         }

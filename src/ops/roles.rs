@@ -20,9 +20,8 @@
 //!   exporter, dashboards).
 //! - `<prefix>_program`: a command job's program: the fence and progress
 //!   functions, nothing else; grant it the program's own tables.
-//! - `<prefix>_console`: `batchonce console`: reads everything, and acts
-//!   only through the audited check and apply functions (no
-//!   `--terminate-blocker`, no ending of sessions).
+//! - `<prefix>_console`: `batchonce console`: what the operator role may
+//!   do, under a login of its own (its audit rows' `session_user_name`).
 //!
 //! Nobody but the table owner may update, delete or truncate the audit
 //! table; its trigger refuses even the owner, and another stamps every row
@@ -37,8 +36,7 @@
 //! - It creates seven `NOLOGIN` group roles, `<prefix>_migrator`, `_producer`, `_worker`,
 //!   `_operator`, `_readonly`, `_program` and `_console`, each only if missing; grants `USAGE` on
 //!   the schema to all, `CREATE` to the migrator, `pg_read_all_stats` to the operator, read-only
-//!   and console roles,
-//!   `pg_signal_backend` to the operator.
+//!   and console roles, `pg_signal_backend` to the operator and console roles.
 //! - Once the schema holds `batchonce_enqueue` (this release's migrations ran), it grants on what
 //!   exists: every role but the program reads the tables, except that the worker reads no engine
 //!   table but `_sqlx_migrations` (so it never learns a run's token); nobody deletes or truncates;
@@ -91,9 +89,8 @@ const OPERATOR_FUNCTIONS: &[&str] = &[
     "batchonce_operator_hold_row",
 ];
 const PROGRAM_FUNCTIONS: &[&str] = &["batchonce_fence", "batchonce_progress"];
-/// The console acts only through the audited check and apply; it cannot
-/// write the audit row of `--terminate-blocker` or end a session.
-const CONSOLE_FUNCTIONS: &[&str] = &["batchonce_operator_check", "batchonce_operator_apply"];
+/// The console is an operator's tool: the operator's functions, no more.
+const CONSOLE_FUNCTIONS: &[&str] = OPERATOR_FUNCTIONS;
 
 /// Role names are `<prefix>_<part>`; the prefix is checked so it can be
 /// spliced into SQL as an identifier.
@@ -248,7 +245,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         "\n-- `runs stale` reads other roles' sessions (pg_stat_activity), and\n\
          -- `runs fail --terminate-blocker` ends the session that holds a run.\n\
          GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
-         GRANT pg_signal_backend TO {o};\n\
+         GRANT pg_signal_backend TO {o}, {c};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
          DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue') IS NOT NULL THEN\n"
     ));
@@ -351,12 +348,14 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA \"public\" FROM PUBLIC"));
-        // The console acts only through the audited check and apply.
+        // The console acts only through the operator's audited functions.
         assert!(s.contains(
             "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_operator_check\", \
-             \"public\".\"batchonce_operator_apply\" TO \"bo_console\""
+             \"public\".\"batchonce_operator_apply\", \
+             \"public\".\"batchonce_operator_audit_terminate\", \
+             \"public\".\"batchonce_operator_hold_row\" TO \"bo_console\""
         ));
-        assert!(!s.contains("pg_signal_backend TO \"bo_operator\", \"bo_console\""));
+        assert!(s.contains("GRANT pg_signal_backend TO \"bo_operator\", \"bo_console\""));
     }
 
     #[test]

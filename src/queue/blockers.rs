@@ -638,7 +638,7 @@ async fn attempt(
                         .filter(|e| now.iter().any(|b| same_transaction(&b.session, e)))
                         .collect();
                     if !due.is_empty() {
-                        ended = Some(terminate_audited(pool, req, opts, pid, &due).await?);
+                        ended = Some(terminate_audited(pool, req, opts, pid, &due, origin).await?);
                     }
                 }
                 if !now.is_empty() {
@@ -682,6 +682,7 @@ async fn terminate_audited(
     opts: ActOptions,
     action: i32,
     targets: &[&Session],
+    origin: Option<&super::Origin>,
 ) -> Result<Vec<Session>, QueueError> {
     let detail = crate::text::truncate(&printable(&format!(
         "terminated {}, which held the run's row, so that {} could proceed",
@@ -696,10 +697,14 @@ async fn terminate_audited(
     // The row's other lockers are the action (waiting) and the session to
     // end: the audit row's foreign key check shares the lock with the
     // latter, but is bounded all the same.
-    crate::db::query("SELECT set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", opts.lock_timeout.as_millis().max(1)))
-        .execute(&mut *tx)
-        .await?;
+    crate::db::query(
+        "SELECT set_config('lock_timeout', $1, true), \
+                set_config('batchonce.remote_addr', COALESCE($2, ''), true)",
+    )
+    .bind(format!("{}ms", opts.lock_timeout.as_millis().max(1)))
+    .bind(origin.map(|o| crate::text::truncate(&o.remote_addr)))
+    .execute(&mut *tx)
+    .await?;
     // The run's status before and after: this row changes no state. A
     // database function: the operator role writes no audit row directly.
     crate::db::query("SELECT batchonce_operator_audit_terminate($1, $2, $3, $4)")

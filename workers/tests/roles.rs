@@ -398,9 +398,8 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
     assert!(err.contains("permission denied"), "{err}");
     denied(&url("readonly"), "UPDATE batch_job_run SET attempts = 0").await;
 
-    // The console's role reads everything and acts only through the audited
-    // check and apply: no direct write, no audit row of its own, no
-    // terminate-blocker.
+    // The console's role reads everything and acts only through the
+    // operator's audited functions: no direct write, no audit row of its own.
     ok(&run(&url("console"), &["status"]));
     ok(&run(&url("console"), &["runs", "list"]));
     denied(&url("console"), "UPDATE batch_job_run SET attempts = 0").await;
@@ -410,11 +409,7 @@ async fn every_part_runs_under_its_own_least_privilege_role() {
          VALUES ('x', 'fail', 'daily-settlement:2026-09-15', 'r', 'FAILED', 'FAILED')",
     )
     .await;
-    denied(
-        &url("console"),
-        "SELECT batchonce_operator_audit_terminate('daily-settlement:2026-09-15', 'x', 'r', 'd')",
-    )
-    .await;
+    denied(&url("console"), "DELETE FROM batch_operator_action").await;
 
     // The roles are global to the server: remove them with the database.
     let server = batchonce::testing::server().to_owned();
