@@ -23,7 +23,11 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         .iter()
         .filter_map(|l| l["scenario"].as_str())
         .collect();
-    assert_eq!(names, ["enqueue", "drain", "pickup", "settle"], "{stderr}");
+    assert_eq!(
+        names,
+        ["enqueue", "drain", "pickup", "settle", "send"],
+        "{stderr}"
+    );
     assert!(lines[0]["baseline_ms"].as_f64().unwrap() > 0.0);
     for r in lines[1]["results"].as_array().unwrap() {
         assert!(r["runs_per_s"].as_f64().unwrap() > 0.0);
@@ -40,6 +44,12 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
     assert_eq!(paths, ["notify", "poll-500ms"]);
     assert!(lines[3]["baseline_items_per_s"].as_f64().unwrap() > 0.0);
     assert!(lines[3]["worker_peak_rss_mib"].as_f64().unwrap() > 0.0);
+    let sends = lines[4]["results"].as_array().unwrap();
+    assert_eq!(sends.len(), 2);
+    for r in sends {
+        assert!(r["messages_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["provider_allows_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }
 
 #[test]

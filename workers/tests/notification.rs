@@ -235,6 +235,53 @@ async fn a_crash_between_send_and_mark_resends_with_the_same_key() {
     assert_eq!(mismatched, 0);
 }
 
+/// An outbox that takes 20 ms a send and records how many sends were in
+/// flight at once.
+#[derive(Debug)]
+struct SlowSender {
+    outbox: OutboxSender,
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+#[async_trait]
+impl Sender for SlowSender {
+    async fn send(&self, m: &Message<'_>) -> Result<Receipt, SendError> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = self.outbox.send(m).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+#[tokio::test]
+async fn sends_run_concurrently_up_to_send_concurrency_and_each_message_once() {
+    for (limit, want) in [(5, 5), (1, 1)] {
+        let db = db().await;
+        seed(&db.pool, 60, &[]).await;
+        enqueue(&db.pool, 3).await;
+        let dir = scratch(&format!("concurrent-outbox-{limit}"));
+        let sender = Arc::new(SlowSender {
+            outbox: OutboxSender::new(&dir),
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        });
+        let job = NotificationSend::with_sender(sender.clone());
+        let cfg = config(&job, &format!("send_concurrency = {limit}"));
+        let (status, attempts, processed, _, _) = run_to_end(&db, job, cfg).await;
+        assert_eq!((status.as_str(), attempts, processed), ("SUCCEEDED", 1, 60));
+        // Chunks of 7: the bound, never more, and reached.
+        assert_eq!(sender.most.load(Ordering::SeqCst), want, "limit {limit}");
+        let report = outbox_report(&dir, date(), &[]);
+        assert_eq!(
+            (report.calls, report.delivered, report.second_keys),
+            (60, 60, 0)
+        );
+    }
+}
+
 /// A provider that answers whatever id it likes (an embedding
 /// application's sender: the check is at the storage, not in a sender).
 #[derive(Debug)]
@@ -668,6 +715,11 @@ fn bad_sender_options_stop_the_worker_at_start_with_one_line() {
             "`jobs.notification-send.webhook_url`",
         ),
         ("webhook_retries = \"3\"", "expected an integer"),
+        (
+            "send_concurrency = 0",
+            "`jobs.notification-send.send_concurrency`: 0 is out of range 1..=256",
+        ),
+        ("send_concurrency = \"8\"", "expected an integer"),
         (
             "sender = \"webhook\"\nwebhook_url = \"http://notify.internal/n\"",
             "`jobs.notification-send.webhook_url`: is http://",

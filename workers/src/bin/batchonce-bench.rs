@@ -3,10 +3,10 @@
 //! so results read as ratios on a noisy machine. Prints one JSON line per
 //! scenario and a human summary on stderr.
 //!
-//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|all> [--size tiny|full]`
+//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|all> [--size tiny|full]`
 //! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
 //!
-//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `all`; `--size tiny|full`; `--runs
+//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `all`; `--size tiny|full`; `--runs
 //! N` and `--concurrency 8,32` for `drain`). The drain baseline's queue table has a partial index
 //! on its pending rows, as any real queue would; without it the baseline's own claims scanned past
 //! every finished row and the ratio flattered the engine. Each scenario runs the engine and, in the
@@ -385,6 +385,104 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// How long the bench's webhook takes to answer a message.
+const PROVIDER_LATENCY: Duration = Duration::from_millis(50);
+
+/// `notification-send` against a local webhook that answers every message
+/// in [`PROVIDER_LATENCY`]: messages per second at `send_concurrency` 1 and
+/// 32, each next to what the provider's latency allows at that concurrency
+/// (concurrency / latency), the baseline of this scenario.
+async fn send(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
+    let app = axum::Router::new().route(
+        "/notify",
+        axum::routing::post(|| async {
+            tokio::time::sleep(PROVIDER_LATENCY).await;
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                r#"{"message_id":"bench"}"#,
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let rounds: &[(u32, i64)] = if size == Size::Full {
+        &[(1, 400), (32, 20_000)]
+    } else {
+        &[(1, 10), (32, 200)]
+    };
+    let name = JobName::parse(batchonce_workers::notification::NAME)?;
+    let mut results = Vec::new();
+    for (i, &(concurrency, n)) in rounds.iter().enumerate() {
+        // A date of its own per round, so no reset is needed.
+        let date = NaiveDate::from_ymd_opt(2026, 10, 1 + i as u32).unwrap_or_default();
+        sqlx::query(
+            "INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body) \
+             SELECT $1, 'bench', g, 'email', 'c' || g || '@example.com', 'Hello ' || g \
+             FROM generate_series(1, $2) g",
+        )
+        .bind(date)
+        .bind(n)
+        .execute(pool)
+        .await?;
+        let text = format!(
+            "[jobs.notification-send]\nsender = \"webhook\"\nwebhook_url = \"http://{addr}/notify\"\n\
+             webhook_allow_http = true\nchunk_size = 500\nsend_concurrency = {concurrency}\nlease_ttl = \"30s\"\n"
+        );
+        let reg = batchonce_workers::registry();
+        let config = Config::parse(&text, "bench.toml", &reg.default_configs())?;
+        let reg = reg.only(config.jobs.keys());
+        let cfg = config.job(&name).cloned().unwrap_or_default();
+        let key = JobKey::daily(&name, date);
+        queue::enqueue(pool, &[NewRun::new(key.clone(), date, &cfg)?], Clock::Db).await?;
+        let started = Instant::now();
+        let signals = Shutdown::default();
+        let mut opts = WorkerOptions::new(format!("bench-send-{concurrency}"));
+        opts.poll_interval = Duration::from_millis(20);
+        let handle = tokio::spawn(worker::run(
+            reg,
+            config,
+            pool.clone(),
+            pool.clone(),
+            opts,
+            signals.clone(),
+        ));
+        let deadline = Instant::now() + Duration::from_secs(1200);
+        let status = loop {
+            let status: String =
+                sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+                    .bind(key.as_str())
+                    .fetch_one(pool)
+                    .await?;
+            if status != "PENDING" && status != "RUNNING" || Instant::now() > deadline {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        signals.shutdown.cancel();
+        let _ = handle.await;
+        if status != "SUCCEEDED" {
+            bail!("send: {key} ended {status}");
+        }
+        let rate = n as f64 / elapsed;
+        let allowed = f64::from(concurrency) / PROVIDER_LATENCY.as_secs_f64();
+        results.push(json!({
+            "send_concurrency": concurrency,
+            "messages": n,
+            "messages_per_s": (rate * 10.0).round() / 10.0,
+            "provider_allows_per_s": allowed.round(),
+            "ratio": (rate / allowed * 100.0).round() / 100.0,
+        }));
+    }
+    server.abort();
+    Ok(json!({
+        "scenario": "send",
+        "provider_latency_ms": PROVIDER_LATENCY.as_millis() as u64,
+        "results": results,
+    }))
+}
+
 async fn settle(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json::Value> {
     let n: i64 = if size == Size::Full {
         1_000_000
@@ -561,6 +659,7 @@ enum Scenario {
     Pickup,
     Enqueue,
     Settle,
+    Send,
     All,
 }
 
@@ -615,6 +714,9 @@ async fn run() -> anyhow::Result<()> {
         }
         if all || scenario == Scenario::Settle {
             println!("{}", settle(&pool, &url, size).await?);
+        }
+        if all || scenario == Scenario::Send {
+            println!("{}", send(&pool, size).await?);
         }
         pool.close().await;
         Ok::<_, anyhow::Error>(())

@@ -18,7 +18,8 @@
 //! `NotificationSend`, the `notification-send` kind. Its defaults are `chunk_size = 100` and
 //! `max_item_failures = 100`, with no schedule, and its own keys are `sender`, `outbox_dir`,
 //! `webhook_url`, `webhook_timeout` (at most 5 m), `webhook_retries` (0–10), `webhook_token_env`
-//! and `webhook_allow_http`, checked by `check_options` at load time (including
+//! `webhook_allow_http` and `send_concurrency` (1–256, default 8), checked by `check_options` at
+//! load time (including
 //! `webhook::check_transport`: `http://` only with `webhook_allow_http`, and then with a token only
 //! to a loopback host). `build_sender` makes the sender the options name when a run starts. There
 //! is no default sender: without `sender`, or with a `webhook_token_env` naming an unset variable,
@@ -27,8 +28,9 @@
 //! inserts one `pending` `notification_delivery` per `notification_request` of the date in fenced
 //! chunks, `ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING`, with the idempotency
 //! key computed in SQL (`IDEMPOTENCY_KEY_SQL`: `bo-YYYYMMDD-` and the SHA-256 of campaign, customer
-//! id and channel). `send_pending` reads the pending deliveries a chunk at a time, sends each with
-//! its key and stops sending at once on cancellation. Then `mark` records the chunk in one fenced
+//! id and channel). `send_pending` reads the pending deliveries a chunk at a time and sends them
+//! with their keys, at most `send_concurrency` in flight (`FuturesOrdered`, in delivery order); on
+//! cancellation no new send starts and those in flight are marked. Then `mark` records the chunk in one fenced
 //! `UPDATE … WHERE state = 'pending'`: `sent` with the provider's message id if
 //! `sender::checked_message_id` accepts it (1–256 printable ASCII characters, whatever the sender;
 //! otherwise the idempotency key, since a sent row must name an id: `stored_message_id`), `failed`
@@ -50,6 +52,7 @@ use async_trait::async_trait;
 use batchonce::config::{KindOptions, OptionError};
 use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
 use chrono::NaiveDate;
+use futures_util::stream::{FuturesOrdered, StreamExt as _};
 use sqlx::migrate::Migrator;
 use sqlx::{PgPool, Row};
 
@@ -70,7 +73,13 @@ const OPTION_KEYS: &[&str] = &[
     "webhook_retries",
     "webhook_token_env",
     "webhook_allow_http",
+    "send_concurrency",
 ];
+
+/// Provider calls in flight per run when `send_concurrency` is not set.
+pub const DEFAULT_SEND_CONCURRENCY: usize = 8;
+/// The most `send_concurrency` may ask for.
+pub const MAX_SEND_CONCURRENCY: i64 = 256;
 
 #[derive(Debug, Clone, Default)]
 pub struct NotificationSend {
@@ -207,6 +216,23 @@ fn check_options(values: &toml::Table) -> Result<(), OptionError> {
             None => {
                 return Err(OptionError::new(
                     "webhook_retries",
+                    format!("expected an integer, found {}", v.type_str()),
+                ))
+            }
+        }
+    }
+    if let Some(v) = values.get("send_concurrency") {
+        match v.as_integer() {
+            Some(n) if (1..=MAX_SEND_CONCURRENCY).contains(&n) => {}
+            Some(n) => {
+                return Err(OptionError::new(
+                    "send_concurrency",
+                    format!("{n} is out of range 1..={MAX_SEND_CONCURRENCY}"),
+                ))
+            }
+            None => {
+                return Err(OptionError::new(
+                    "send_concurrency",
                     format!("expected an integer, found {}", v.type_str()),
                 ))
             }
@@ -381,13 +407,35 @@ struct Sent {
     error: Option<String>,
 }
 
-/// Step 2: send every pending delivery of the date and mark it. Returns the
-/// number of transient failures and the last of their errors, if any.
+/// One pending delivery, read for sending.
+struct Pending {
+    delivery_id: i64,
+    key: String,
+    campaign: String,
+    customer_id: i64,
+    channel: String,
+    address: String,
+    body: String,
+}
+
+/// Step 2: send every pending delivery of the date and mark it, a chunk at
+/// a time, with at most `send_concurrency` provider calls in flight. Each
+/// chunk is marked in one fenced transaction once all its sends have
+/// answered, so a crash mid-chunk resends only unmarked deliveries, under
+/// the same keys. Returns the number of transient failures and the last of
+/// their errors, if any.
 async fn send_pending(
     ctx: &JobContext,
     sender: &dyn Sender,
 ) -> Result<Option<(u64, String)>, JobError> {
     let chunk = i64::from(ctx.config.chunk_size);
+    let limit = ctx
+        .config
+        .options
+        .int("send_concurrency")
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(DEFAULT_SEND_CONCURRENCY)
+        .max(1);
     let mut after = i64::MIN;
     let mut transient: Option<(u64, String)> = None;
     let mut first = true;
@@ -415,65 +463,87 @@ async fn send_pending(
         if rows.is_empty() {
             return Ok(transient);
         }
-        let mut results = Vec::with_capacity(rows.len());
-        for row in &rows {
-            // Stop sending at once on shutdown or lease loss; what was sent
-            // is marked below (or resent with the same key by the next holder).
-            if ctx.is_cancelled() {
-                break;
-            }
-            let delivery_id: i64 = row.try_get("delivery_id")?;
-            let key: String = row.try_get("idempotency_key")?;
-            let campaign: String = row.try_get("campaign")?;
-            let channel: String = row.try_get("channel")?;
-            let address: String = row.try_get("address")?;
-            let body: String = row.try_get("body")?;
-            let m = Message {
-                idempotency_key: &key,
-                business_date: ctx.business_date,
-                campaign: &campaign,
-                customer_id: row.try_get("customer_id")?,
-                channel: &channel,
-                address: &address,
-                body: &body,
-            };
-            let sent = match sender.send(&m).await {
-                Ok(r) => Sent {
-                    delivery_id,
-                    state: "sent",
-                    replayed: r.duplicate,
-                    message_id: Some(stored_message_id(ctx, &r.provider_message_id, &key)),
-                    error: None,
-                },
-                Err(SendError::Rejected(e)) => Sent {
-                    delivery_id,
-                    state: "failed",
-                    replayed: false,
-                    message_id: None,
-                    error: Some(batchonce::text::truncate(&e)),
-                },
-                Err(SendError::Transient(e)) => {
-                    let e = batchonce::text::truncate(&e);
-                    let n = transient.as_ref().map_or(0, |(n, _)| *n);
-                    transient = Some((n + 1, e.clone()));
-                    Sent {
-                        delivery_id,
-                        state: "pending",
-                        replayed: false,
-                        message_id: None,
-                        error: Some(e),
-                    }
+        let pending = rows
+            .iter()
+            .map(|row| {
+                Ok(Pending {
+                    delivery_id: row.try_get("delivery_id")?,
+                    key: row.try_get("idempotency_key")?,
+                    campaign: row.try_get("campaign")?,
+                    customer_id: row.try_get("customer_id")?,
+                    channel: row.try_get("channel")?,
+                    address: row.try_get("address")?,
+                    body: row.try_get("body")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // In delivery order; a new send starts only while fewer than
+        // `limit` are in flight and the attempt is not cancelled. On
+        // shutdown or lease loss no new send starts; those in flight finish
+        // (bounded by the sender's timeout) and are marked below, or resent
+        // with the same key by the next holder.
+        let mut in_flight = FuturesOrdered::new();
+        let mut next = pending.iter();
+        let mut results = Vec::with_capacity(pending.len());
+        loop {
+            while in_flight.len() < limit && !ctx.is_cancelled() {
+                match next.next() {
+                    Some(p) => in_flight.push_back(send_one(ctx, sender, p)),
+                    None => break,
                 }
-            };
-            results.push(sent);
+            }
+            match in_flight.next().await {
+                Some(sent) => results.push(sent),
+                None => break,
+            }
+        }
+        for r in results.iter().filter(|r| r.state == "pending") {
+            let n = transient.as_ref().map_or(0, |(n, _)| *n);
+            transient = Some((n + 1, r.error.clone().unwrap_or_default()));
         }
         if let Some(last) = results.last() {
             after = last.delivery_id;
             mark(ctx, &results).await?;
         }
-        if results.len() < rows.len() {
+        if results.len() < pending.len() {
             return Err(JobError::Cancelled);
         }
+    }
+}
+
+/// Sends one delivery with its idempotency key; what it ended as.
+async fn send_one(ctx: &JobContext, sender: &dyn Sender, p: &Pending) -> Sent {
+    let m = Message {
+        idempotency_key: &p.key,
+        business_date: ctx.business_date,
+        campaign: &p.campaign,
+        customer_id: p.customer_id,
+        channel: &p.channel,
+        address: &p.address,
+        body: &p.body,
+    };
+    match sender.send(&m).await {
+        Ok(r) => Sent {
+            delivery_id: p.delivery_id,
+            state: "sent",
+            replayed: r.duplicate,
+            message_id: Some(stored_message_id(ctx, &r.provider_message_id, &p.key)),
+            error: None,
+        },
+        Err(SendError::Rejected(e)) => Sent {
+            delivery_id: p.delivery_id,
+            state: "failed",
+            replayed: false,
+            message_id: None,
+            error: Some(batchonce::text::truncate(&e)),
+        },
+        Err(SendError::Transient(e)) => Sent {
+            delivery_id: p.delivery_id,
+            state: "pending",
+            replayed: false,
+            message_id: None,
+            error: Some(batchonce::text::truncate(&e)),
+        },
     }
 }
 
