@@ -144,18 +144,29 @@ pub struct JobConfig {
 impl JobConfig {
     /// Why a business date is skipped by the calendar, if it is.
     pub fn skip_reason(&self, date: NaiveDate) -> Option<String> {
-        use chrono::Datelike;
-        if self.skip_dates.contains(&date) {
-            return Some(format!("business calendar: {date} is in skip_dates"));
-        }
-        if self.skip_weekdays.contains(&date.weekday()) {
-            return Some(format!(
-                "business calendar: {date} is a {:?}, in skip_weekdays",
-                date.weekday()
-            ));
-        }
-        None
+        calendar_skip_reason(date, &self.skip_dates, &self.skip_weekdays)
     }
+}
+
+/// Why a business calendar of `skip_dates` and `skip_weekdays` skips
+/// `date`, if it does: the producer's rule, which the console's calendar
+/// applies to a recorded configuration too.
+pub fn calendar_skip_reason(
+    date: NaiveDate,
+    skip_dates: &[NaiveDate],
+    skip_weekdays: &[chrono::Weekday],
+) -> Option<String> {
+    use chrono::Datelike;
+    if skip_dates.contains(&date) {
+        return Some(format!("business calendar: {date} is in skip_dates"));
+    }
+    if skip_weekdays.contains(&date.weekday()) {
+        return Some(format!(
+            "business calendar: {date} is a {:?}, in skip_weekdays",
+            date.weekday()
+        ));
+    }
+    None
 }
 
 impl Default for JobConfig {

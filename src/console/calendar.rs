@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Datelike, Days, NaiveDate, Utc, Weekday};
+use chrono::{DateTime, Days, NaiveDate, Utc, Weekday};
 use chrono_tz::Tz;
 
 use crate::queue::RunView;
@@ -70,16 +70,7 @@ impl Expected {
     }
 
     fn skip_reason(&self, date: NaiveDate) -> Option<String> {
-        if self.skip_dates.contains(&date) {
-            return Some(format!("business calendar: {date} is in skip_dates"));
-        }
-        if self.skip_weekdays.contains(&date.weekday()) {
-            return Some(format!(
-                "business calendar: {date} is a {:?}, in skip_weekdays",
-                date.weekday()
-            ));
-        }
-        None
+        crate::config::calendar_skip_reason(date, &self.skip_dates, &self.skip_weekdays)
     }
 }
 

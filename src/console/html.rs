@@ -55,12 +55,7 @@ pub fn page(title: &str, session: &Session, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · batchonce" }
-                link rel="stylesheet" href="/console.css";
-            }
+            (head(title))
             body {
                 header {
                     strong { a href="/" { "batchonce" } }
@@ -90,13 +85,19 @@ pub fn bare(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · batchonce" }
-                link rel="stylesheet" href="/console.css";
-            }
+            (head(title))
             body { (body) }
+        }
+    }
+}
+
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · batchonce" }
+            link rel="stylesheet" href="/console.css";
         }
     }
 }

@@ -119,6 +119,27 @@ fn opt(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
+/// The first [`PAGE`] of `rows` (read as one more than a page), and whether
+/// there is more.
+fn page_of<T>(rows: &[T]) -> (&[T], bool) {
+    (
+        &rows[..rows.len().min(PAGE as usize)],
+        rows.len() > PAGE as usize,
+    )
+}
+
+/// `path?` with the given filters that are set, each percent-encoded, for
+/// paging links that keep the filter.
+fn query_path(path: &str, filters: &[(&str, &Option<String>)]) -> String {
+    let mut out = format!("{path}?");
+    for (name, v) in filters {
+        if let Some(v) = opt(v) {
+            out.push_str(&format!("&{name}={}", encode(v)));
+        }
+    }
+    out
+}
+
 /// The filter a query asks for, or the one line saying what is wrong.
 fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
     let date = |s: Option<&str>| -> Result<Option<NaiveDate>, String> {
@@ -173,20 +194,16 @@ pub(crate) async fn runs(
         Ok(r) => r,
         Err(e) => return db_error(e),
     };
-    let more = rows.len() > PAGE as usize;
-    let rows = &rows[..rows.len().min(PAGE as usize)];
-    let keep = |name: &str, v: &Option<String>| {
-        opt(v)
-            .map(|v| format!("&{name}={}", encode(v)))
-            .unwrap_or_default()
-    };
-    let base = format!(
-        "/runs?{}{}{}{}{}",
-        keep("job", &q.job),
-        keep("status", &q.status),
-        keep("from", &q.from),
-        keep("to", &q.to),
-        keep("key", &q.key)
+    let (rows, more) = page_of(&rows);
+    let base = query_path(
+        "/runs",
+        &[
+            ("job", &q.job),
+            ("status", &q.status),
+            ("from", &q.from),
+            ("to", &q.to),
+            ("key", &q.key),
+        ],
     );
     let next = rows.last().filter(|_| more).map(|r| {
         format!(
@@ -419,19 +436,15 @@ pub(crate) async fn audit(
         Ok(r) => r,
         Err(e) => return db_error(e),
     };
-    let more = rows.len() > PAGE as usize;
-    let rows = &rows[..rows.len().min(PAGE as usize)];
-    let keep = |name: &str, v: &Option<String>| {
-        opt(v)
-            .map(|v| format!("&{name}={}", encode(v)))
-            .unwrap_or_default()
-    };
-    let base = format!(
-        "/audit?{}{}{}{}",
-        keep("job", &q.job),
-        keep("key", &q.key),
-        keep("operator", &q.operator),
-        keep("action", &q.action)
+    let (rows, more) = page_of(&rows);
+    let base = query_path(
+        "/audit",
+        &[
+            ("job", &q.job),
+            ("key", &q.key),
+            ("operator", &q.operator),
+            ("action", &q.action),
+        ],
     );
     let body = html! {
         h1 { "Audit log" }

@@ -340,9 +340,7 @@ pub(crate) async fn apply(
                 req.action.as_str(),
                 req.key
             );
-            let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
-            *res.status_mut() = StatusCode::CONFLICT;
-            return res;
+            return conflict(&app, &a, &req.key, why, None).await;
         }
         Err(ActError::Queue(e)) => return db_error(e),
         Err(ActError::Blocked(b)) => {
@@ -375,9 +373,7 @@ pub(crate) async fn apply(
                     }
                 }
             });
-            let mut res = render(&app, &a, &req.key, Some(("error", why)), offer).await;
-            *res.status_mut() = StatusCode::CONFLICT;
-            return res;
+            return conflict(&app, &a, &req.key, why, offer).await;
         }
         Err(ActError::Refused(r)) => r,
     };
@@ -398,7 +394,19 @@ pub(crate) async fn apply(
             l.reason
         ));
     }
-    let mut res = render(&app, &a, &req.key, Some(("error", why)), None).await;
+    conflict(&app, &a, &req.key, why, None).await
+}
+
+/// The run's page with `why` in an error box (and an optional offer), as a
+/// 409: the action did not apply.
+async fn conflict(
+    app: &App,
+    a: &Authed,
+    key: &JobKey,
+    why: String,
+    offer: Option<Markup>,
+) -> Response {
+    let mut res = render(app, a, key, Some(("error", why)), offer).await;
     *res.status_mut() = StatusCode::CONFLICT;
     res
 }

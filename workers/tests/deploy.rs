@@ -1671,8 +1671,19 @@ fn start_and_probe(source: &str, argv: &[String], config: &Path) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let healthz = wait_for_healthz(&mut child, port, source, &argv);
+    let readyz = http_status(port, "/readyz");
+    let status = stop(&mut child);
+    assert_eq!(healthz, 200, "{source}: /healthz");
+    assert_eq!(readyz, Some(503), "{source}: /readyz without a database");
+    assert!(status.success(), "{source}: SIGTERM gave {status}");
+}
+
+/// Waits (30 s at most) for a started command line's `/healthz`; its
+/// status. A process that exits first fails the test with its stderr.
+fn wait_for_healthz(child: &mut Child, port: u16, source: &str, argv: &[String]) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let healthz = loop {
+    loop {
         if let Some(status) = child.try_wait().unwrap() {
             let mut err = String::new();
             child
@@ -1684,16 +1695,11 @@ fn start_and_probe(source: &str, argv: &[String], config: &Path) {
             panic!("{source}: {argv:?} exited with {status}: {err}");
         }
         if let Some(code) = http_status(port, "/healthz") {
-            break code;
+            return code;
         }
         assert!(Instant::now() < deadline, "{source}: no /healthz in 30s");
         std::thread::sleep(Duration::from_millis(100));
-    };
-    let readyz = http_status(port, "/readyz");
-    let status = stop(&mut child);
-    assert_eq!(healthz, 200, "{source}: /healthz");
-    assert_eq!(readyz, Some(503), "{source}: /readyz without a database");
-    assert!(status.success(), "{source}: SIGTERM gave {status}");
+    }
 }
 
 /// A users file with one operator, its hash made by the binary itself, as
@@ -1763,24 +1769,7 @@ fn start_console_and_probe(source: &str, argv: &[String], users: &Path, cwd: &Pa
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let healthz = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            panic!("{source}: {argv:?} exited with {status}: {err}");
-        }
-        if let Some(code) = http_status(port, "/healthz") {
-            break code;
-        }
-        assert!(Instant::now() < deadline, "{source}: no /healthz in 30s");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let healthz = wait_for_healthz(&mut child, port, source, &argv);
     let overview = http_status(port, "/");
     let status = stop(&mut child);
     assert_eq!(healthz, 200, "{source}: /healthz");

@@ -94,11 +94,21 @@ fn start_worker(
 ) -> (Shutdown, tokio::task::JoinHandle<()>) {
     let reg = registry();
     let config = Config::defaults(&reg.default_configs());
-    let signals = Shutdown::default();
     let mut opts = WorkerOptions::new(format!("bench-{concurrency}"));
     opts.concurrency = concurrency;
     opts.listen = listen;
     opts.poll_interval = poll;
+    spawn_worker(pool, reg, config, opts)
+}
+
+/// Runs `worker::run` in this process; returns its stop signal and task.
+fn spawn_worker(
+    pool: &PgPool,
+    reg: Registry,
+    config: Config,
+    opts: WorkerOptions,
+) -> (Shutdown, tokio::task::JoinHandle<()>) {
+    let signals = Shutdown::default();
     let handle = tokio::spawn(worker::run(
         reg,
         config,
@@ -436,17 +446,9 @@ async fn send(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
         let key = JobKey::daily(&name, date);
         queue::enqueue(pool, &[NewRun::new(key.clone(), date, &cfg)?], Clock::Db).await?;
         let started = Instant::now();
-        let signals = Shutdown::default();
         let mut opts = WorkerOptions::new(format!("bench-send-{concurrency}"));
         opts.poll_interval = Duration::from_millis(20);
-        let handle = tokio::spawn(worker::run(
-            reg,
-            config,
-            pool.clone(),
-            pool.clone(),
-            opts,
-            signals.clone(),
-        ));
+        let (signals, handle) = spawn_worker(pool, reg, config, opts);
         let deadline = Instant::now() + Duration::from_secs(1200);
         let status = loop {
             let status: String =
