@@ -41,11 +41,34 @@ async fn two_operators_rerunning_at_once_one_wins_and_the_other_sees_why() {
     let mut statuses = [ra.status(), rb.status()];
     statuses.sort();
     assert_eq!(statuses, [StatusCode::SEE_OTHER, StatusCode::CONFLICT]);
-    let loser = if ra.status() == StatusCode::CONFLICT {
-        ra
+    let (winner, loser) = if ra.status() == StatusCode::CONFLICT {
+        (rb, ra)
     } else {
-        rb
+        (ra, rb)
     };
+    // The winner's page says what the audit log holds, never text from the
+    // address.
+    let to = winner.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(to, "/runs/settle%3A2026-09-15?done=1");
+    let page = c.get_as(&alice.cookie, &to).await.text().await.unwrap();
+    assert!(page.contains("rerun applied by"), "{page}");
+    assert!(
+        page.contains("FAILED → PENDING): data fixed, INC-7"),
+        "{page}"
+    );
+    let spoof = c
+        .get_as(
+            &alice.cookie,
+            "/runs/settle:2026-09-15?done=transfer%20approved",
+        )
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!spoof.contains("transfer approved"), "{spoof}");
     let body = loser.text().await.unwrap();
     assert!(
         body.contains("rerun refused for settle:2026-09-15"),

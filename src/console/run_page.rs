@@ -31,6 +31,8 @@ const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(serde::Deserialize, Default)]
 pub(crate) struct ShowQuery {
+    /// Set after an action applied: the page then says what the audit log
+    /// holds last for the run (never text from the address).
     done: Option<String>,
 }
 
@@ -44,10 +46,26 @@ pub(crate) async fn show(
         Ok(k) => k,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    let message = q
-        .done
-        .as_deref()
-        .map(|d| ("done", format!("{}: applied.", crate::text::truncate(d))));
+    let message = match q.done {
+        None => None,
+        Some(_) => match queue::actions(&app.pool, &key).await {
+            Ok(h) => h.into_iter().last().map(|l| {
+                (
+                    "done",
+                    format!(
+                        "{} applied by {} at {} ({} → {}): {}",
+                        l.action,
+                        l.operator,
+                        at(l.at),
+                        l.before_status,
+                        l.after_status,
+                        l.reason
+                    ),
+                )
+            }),
+            Err(e) => return db_error(e),
+        },
+    };
     render(&app, &a, &key, message, None).await
 }
 
@@ -317,16 +335,7 @@ pub(crate) async fn apply(
                 operator = %req.operator, remote = %a.remote, action = %outcome.action,
                 key = %outcome.job_key, "console action applied"
             );
-            let done = format!(
-                "{} {} ({} → {})",
-                outcome.action, outcome.job_key, outcome.before, outcome.after
-            );
-            return Redirect::to(&format!(
-                "{}?done={}",
-                run_href(&outcome.job_key),
-                encode(&done)
-            ))
-            .into_response();
+            return Redirect::to(&format!("{}?done=1", run_href(&outcome.job_key))).into_response();
         }
         Err(ActError::Queue(queue::QueueError::Database(e)))
             if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") =>
