@@ -43,6 +43,17 @@ export interface FencedTx {
   progress(processed: number, failed?: number): void;
 }
 
+/**
+ * Runs `fn` on `items` with at most `limit` calls in flight; no new call starts once
+ * `ctx.stopping`. Resolves to the settled results of the calls that started, in item order.
+ */
+export function concurrently<T, R>(
+  ctx: { readonly stopping?: boolean } | null,
+  items: readonly T[],
+  limit: number,
+  fn: (item: T, index: number) => Promise<R> | R,
+): Promise<PromiseSettledResult<R>[]>;
+
 /** Reads and checks the run's context; throws ContextError naming the first bad variable. */
 export function context(env?: NodeJS.ProcessEnv): RunContext;
 /**

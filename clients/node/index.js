@@ -393,9 +393,44 @@ async function enqueue(client, { job, dates, payload = {} } = {}) {
   return out;
 }
 
+/**
+ * Runs `fn(item, index)` on `items` with at most `limit` calls in flight,
+ * for I/O a chunk waits on (provider calls, HTTP requests). No new call
+ * starts once `ctx.stopping`; those in flight finish. Resolves to the
+ * settled results of the calls that started, in item order
+ * (`{ status: 'fulfilled', value }` or `{ status: 'rejected', reason }`),
+ * so the caller can record them in one `fenced` transaction and leave the
+ * rest for the next attempt under the same idempotency keys.
+ */
+async function concurrently(ctx, items, limit, fn) {
+  if (!Array.isArray(items)) throw new TypeError('concurrently needs an array of items');
+  if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`limit is ${JSON.stringify(limit)}: expected a whole number from 1`);
+  if (typeof fn !== 'function') throw new TypeError('concurrently needs a function (item, index) => ...');
+  const results = [];
+  let next = 0;
+  const stopping = () => Boolean(ctx && ctx.stopping);
+  async function lane() {
+    while (next < items.length && !stopping()) {
+      const i = next;
+      next += 1;
+      try {
+        results[i] = { status: 'fulfilled', value: await fn(items[i], i) };
+      } catch (reason) {
+        results[i] = { status: 'rejected', reason };
+      }
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
+  // Only the calls that started, in order: a stop leaves a tail unstarted.
+  const started = [];
+  for (let i = 0; i < items.length && results[i] !== undefined; i += 1) started.push(results[i]);
+  return started;
+}
+
 module.exports = {
   context,
   fenced,
+  concurrently,
   run,
   skip,
   enqueue,

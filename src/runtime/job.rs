@@ -8,7 +8,8 @@
 //! - `JobContext` is what the handler gets: key, business date, attempt, token, worker id, `run`
 //!   (the run's `RunContext`, stored when it was enqueued), config (the worker's, with every value
 //!   the run defines replaced by the run's), payload, a read pool, fenced transactions, progress
-//!   counters and cancellation. `JobContext::commit` commits a fenced transaction and, once it has
+//!   counters, cancellation, and `concurrently` (bounded calls in flight, in order, none started
+//!   once cancelled). `JobContext::commit` commits a fenced transaction and, once it has
 //!   committed, adds its counts to `batchonce_items_processed_total` and
 //!   `batchonce_items_failed_total` (label `job`). `with_lease_lost(token)` gives the context the
 //!   worker's lease-lost token, which the worker cancels before the cancellation token when the
@@ -388,6 +389,40 @@ impl JobContext {
     /// Counts of this attempt so far.
     pub fn progress(&self) -> (i64, i64) {
         (self.progress.processed(), self.progress.failed())
+    }
+
+    /// Runs `f` on `items` in order with at most `limit` in flight (at
+    /// least one), for I/O a chunk waits on: provider calls, HTTP requests.
+    /// Once the attempt is cancelled no new call starts; those in flight
+    /// finish. Returns the results of the calls that started, in item
+    /// order, so a caller marks them in one fenced transaction and leaves
+    /// the rest for the next attempt under the same item keys.
+    pub async fn concurrently<'a, T, R, F, Fut>(
+        &self,
+        items: &'a [T],
+        limit: usize,
+        mut f: F,
+    ) -> Vec<R>
+    where
+        F: FnMut(&'a T) -> Fut,
+        Fut: std::future::Future<Output = R>,
+    {
+        use futures_util::stream::{FuturesOrdered, StreamExt as _};
+        let mut in_flight = FuturesOrdered::new();
+        let mut next = items.iter();
+        let mut out = Vec::with_capacity(items.len());
+        loop {
+            while in_flight.len() < limit.max(1) && !self.is_cancelled() {
+                match next.next() {
+                    Some(item) => in_flight.push_back(f(item)),
+                    None => break,
+                }
+            }
+            match in_flight.next().await {
+                Some(r) => out.push(r),
+                None => return out,
+            }
+        }
     }
 }
 

@@ -352,6 +352,39 @@ test('run() maps how the script ends to the exit codes batchonce expects', async
   assert.equal(r.out, 'looking\nnothing to send today\n');
 });
 
+test('concurrently keeps at most limit calls in flight, in order, and starts none once stopping', async () => {
+  let now = 0;
+  let most = 0;
+  const call = async (n) => {
+    now += 1;
+    most = Math.max(most, now);
+    await new Promise((r) => setTimeout(r, 5 + (n % 3) * 5));
+    now -= 1;
+    if (n === 7) throw new Error('provider said no');
+    return n * 2;
+  };
+  const items = Array.from({ length: 20 }, (_, i) => i);
+  const r = await batchonce.concurrently({ stopping: false }, items, 4, call);
+  assert.equal(most, 4);
+  assert.equal(r.length, 20);
+  assert.deepEqual(r[3], { status: 'fulfilled', value: 6 });
+  assert.equal(r[7].status, 'rejected');
+  assert.match(r[7].reason.message, /provider said no/);
+  // A stop part-way: the calls in flight finish, no new one starts, and
+  // only the started ones come back, in order.
+  const ctx = { stopping: false };
+  let started = 0;
+  const stopped = await batchonce.concurrently(ctx, items, 3, async (n) => {
+    started += 1;
+    if (started === 5) ctx.stopping = true;
+    await new Promise((r) => setTimeout(r, 5));
+    return n;
+  });
+  assert.equal(started, 5);
+  assert.deepEqual(stopped.map((x) => x.value), [0, 1, 2, 3, 4]);
+  await assert.rejects(batchonce.concurrently(ctx, items, 0, call), /limit is 0/);
+});
+
 test('run() does not leave the process hanging when the script forgets a handle', async () => {
   const env = envOf('invoices:2026-09-15', 'invoices', '42');
   const began = Date.now();

@@ -29,7 +29,7 @@
 //! chunks, `ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING`, with the idempotency
 //! key computed in SQL (`IDEMPOTENCY_KEY_SQL`: `bo-YYYYMMDD-` and the SHA-256 of campaign, customer
 //! id and channel). `send_pending` reads the pending deliveries a chunk at a time and sends them
-//! with their keys, at most `send_concurrency` in flight (`FuturesOrdered`, in delivery order); on
+//! with their keys, at most `send_concurrency` in flight (`JobContext::concurrently`, in delivery order); on
 //! cancellation no new send starts and those in flight are marked. Then `mark` records the chunk in one fenced
 //! `UPDATE … WHERE state = 'pending'`: `sent` with the provider's message id if
 //! `sender::checked_message_id` accepts it (1–256 printable ASCII characters, whatever the sender;
@@ -52,7 +52,6 @@ use async_trait::async_trait;
 use batchonce::config::{KindOptions, OptionError};
 use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
 use chrono::NaiveDate;
-use futures_util::stream::{FuturesOrdered, StreamExt as _};
 use sqlx::migrate::Migrator;
 use sqlx::{PgPool, Row};
 
@@ -482,21 +481,9 @@ async fn send_pending(
         // shutdown or lease loss no new send starts; those in flight finish
         // (bounded by the sender's timeout) and are marked below, or resent
         // with the same key by the next holder.
-        let mut in_flight = FuturesOrdered::new();
-        let mut next = pending.iter();
-        let mut results = Vec::with_capacity(pending.len());
-        loop {
-            while in_flight.len() < limit && !ctx.is_cancelled() {
-                match next.next() {
-                    Some(p) => in_flight.push_back(send_one(ctx, sender, p)),
-                    None => break,
-                }
-            }
-            match in_flight.next().await {
-                Some(sent) => results.push(sent),
-                None => break,
-            }
-        }
+        let results = ctx
+            .concurrently(&pending, limit, |p| send_one(ctx, sender, p))
+            .await;
         for r in results.iter().filter(|r| r.state == "pending") {
             let n = transient.as_ref().map_or(0, |(n, _)| *n);
             transient = Some((n + 1, r.error.clone().unwrap_or_default()));
