@@ -70,20 +70,7 @@ async fn sign_in_needs_the_form_token_the_password_and_is_rate_limited() {
     let c = start(None).await;
     let b = c.login("alice").await;
     // The session cookie is HttpOnly and SameSite=Strict.
-    let form = c.http.get(c.url("/login")).send().await.unwrap();
-    let token = set_cookie(&form, "batchonce_login").unwrap();
-    let res = c
-        .http
-        .post(c.url("/login"))
-        .header(COOKIE, format!("batchonce_login={token}"))
-        .form(&[
-            ("csrf", token.as_str()),
-            ("user", "alice"),
-            ("password", PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let res = c.send_sign_in("alice", PASSWORD, "/").await;
     let raw = res
         .headers()
         .get_all(SET_COOKIE)
@@ -303,38 +290,12 @@ async fn markup_from_the_database_and_the_request_is_shown_as_text() {
     let body = res.text().await.unwrap();
     assert!(!body.contains("<script>"), "{body}");
     // `next` never leads to another site.
-    let form = c.http.get(c.url("/login")).send().await.unwrap();
-    let token = set_cookie(&form, "batchonce_login").unwrap();
-    let res = c
-        .http
-        .post(c.url("/login"))
-        .header(COOKIE, format!("batchonce_login={token}"))
-        .form(&[
-            ("csrf", token.as_str()),
-            ("user", "alice"),
-            ("password", PASSWORD),
-            ("next", "//evil.example/"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let res = c.send_sign_in("alice", PASSWORD, "//evil.example/").await;
     assert_eq!(res.headers()[LOCATION], "/");
     // Nor into a second header.
-    let form = c.http.get(c.url("/login")).send().await.unwrap();
-    let token = set_cookie(&form, "batchonce_login").unwrap();
     let res = c
-        .http
-        .post(c.url("/login"))
-        .header(COOKIE, format!("batchonce_login={token}"))
-        .form(&[
-            ("csrf", token.as_str()),
-            ("user", "alice"),
-            ("password", PASSWORD),
-            ("next", "/runs\r\nSet-Cookie: x=1"),
-        ])
-        .send()
-        .await
-        .unwrap();
+        .send_sign_in("alice", PASSWORD, "/runs\r\nSet-Cookie: x=1")
+        .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(res.headers()[LOCATION], "/");
 }

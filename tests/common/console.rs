@@ -107,29 +107,35 @@ impl Console {
         format!("{}{}", self.base, path)
     }
 
-    /// Signs in; `Err` is the response of a refused sign-in.
-    pub async fn try_login(
-        &self,
-        user: &str,
-        password: &str,
-    ) -> Result<Browser, reqwest::Response> {
+    /// Opens the sign-in page and sends its form, as a browser would (the
+    /// double-submit token in the cookie and the form), with `user`,
+    /// `password` and `next`; the answer.
+    pub async fn send_sign_in(&self, user: &str, password: &str, next: &str) -> reqwest::Response {
         let form = self.http.get(self.url("/login")).send().await.unwrap();
         let token = set_cookie(&form, "batchonce_login").expect("login cookie");
         let body = form.text().await.unwrap();
         assert_eq!(csrf_of(&body), token, "double-submit token");
-        let res = self
-            .http
+        self.http
             .post(self.url("/login"))
             .header(COOKIE, format!("batchonce_login={token}"))
             .form(&[
                 ("csrf", token.as_str()),
                 ("user", user),
                 ("password", password),
-                ("next", "/"),
+                ("next", next),
             ])
             .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Signs in; `Err` is the response of a refused sign-in.
+    pub async fn try_login(
+        &self,
+        user: &str,
+        password: &str,
+    ) -> Result<Browser, reqwest::Response> {
+        let res = self.send_sign_in(user, password, "/").await;
         let Some(cookie) = set_cookie(&res, "batchonce_session") else {
             return Err(res);
         };
