@@ -3,8 +3,8 @@
 //!
 //! Validated identifiers: `JobName` (1–64 characters, lowercase letters and digits separated by
 //! single dashes), `JobKey` (`<job>:<period>`, where the period is digits, `T`, `:` and `-`, such
-//! as `2026-09-15` or `2026-09-15T10:15`; at most 120 characters, the same rule as the schema's
-//! CHECK), and `parse_date`, which accepts strict `YYYY-MM-DD` within `date_range()`, 1970-01-01 to
+//! as `2026-09-15` or `2026-09-15T10:15`, and a partition's key adds `.p<1..=256>`; at most 120
+//! characters, the same rule as the schema's CHECK), and `parse_date`, which accepts strict `YYYY-MM-DD` within `date_range()`, 1970-01-01 to
 //! 2199-12-31, and otherwise fails with `KeyError::DateRange` (`date D is out of range: business
 //! dates run from 1970-01-01 to 2199-12-31`). The range is wide enough for any backfill or plan and
 //! narrow enough that time-zone and interval arithmetic never overflows; `--date`, `--from`, `--to`
@@ -146,6 +146,14 @@ impl JobKey {
         }
         let (job, period) = s.split_once(':').ok_or_else(bad)?;
         JobName::parse(job).map_err(|_| bad())?;
+        // A partition's key is its parent's with `.p<1..=256>`.
+        let period = match period.rsplit_once(".p") {
+            Some((p, no)) => {
+                parse_partition_no(no).ok_or_else(bad)?;
+                p
+            }
+            None => period,
+        };
         if period.is_empty()
             || !period
                 .bytes()
@@ -160,6 +168,17 @@ impl JobKey {
         &self.0
     }
 
+    /// The key of partition `no` (1-based) of this run.
+    pub fn partition(&self, no: u16) -> Self {
+        Self(format!("{}.p{no}", self.0))
+    }
+
+    /// For a partition's key, its parent's key and its number.
+    pub fn parent(&self) -> Option<(Self, u16)> {
+        let (parent, no) = self.0.rsplit_once(".p")?;
+        Some((Self(parent.to_owned()), parse_partition_no(no)?))
+    }
+
     /// The job-name half of the key.
     pub fn job_name(&self) -> &str {
         // Invariant: a JobKey is only built with a ':' in it.
@@ -171,6 +190,19 @@ impl fmt::Display for JobKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Most partitions a run may have (the schema's CHECK says the same).
+pub const MAX_PARTITIONS: u16 = 256;
+
+/// A partition number as keys write it: 1 to 256, no leading zero.
+fn parse_partition_no(s: &str) -> Option<u16> {
+    if s.is_empty() || s.starts_with('0') || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u16>()
+        .ok()
+        .filter(|n| (1..=MAX_PARTITIONS).contains(n))
 }
 
 /// Parses `YYYY-MM-DD` strictly (no time, no two-digit years).
@@ -190,6 +222,27 @@ pub fn parse_date(s: &str) -> Result<NaiveDate, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partition_keys_name_their_parent() {
+        let k = JobKey::parse("daily-settlement:2026-09-15").unwrap();
+        let p = k.partition(3);
+        assert_eq!(p.as_str(), "daily-settlement:2026-09-15.p3");
+        assert_eq!(JobKey::parse(p.as_str()).unwrap(), p);
+        assert_eq!(p.parent(), Some((k.clone(), 3)));
+        assert_eq!(p.job_name(), "daily-settlement");
+        assert_eq!(k.parent(), None);
+        for bad in [
+            "daily-settlement:2026-09-15.p0",
+            "daily-settlement:2026-09-15.p257",
+            "daily-settlement:2026-09-15.p03",
+            "daily-settlement:2026-09-15.p",
+            "daily-settlement:.p2",
+            "daily-settlement:2026-09-15.p2.p3",
+        ] {
+            assert!(JobKey::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn dates_are_strict_and_bounded() {

@@ -58,6 +58,7 @@ pub const LEASES_RECOVERED: &str = "batchonce_leases_recovered_total";
 pub const PRODUCER_TICKS: &str = "batchonce_producer_ticks_total";
 pub const PRODUCER_LAST_TICK: &str = "batchonce_producer_last_tick_timestamp_seconds";
 pub const RUNS: &str = "batchonce_runs";
+pub const PARTITIONS: &str = "batchonce_partitions";
 pub const OLDEST_PENDING_AGE: &str = "batchonce_oldest_pending_age_seconds";
 pub const STALE_RUNS: &str = "batchonce_stale_runs";
 pub const LAST_SUCCESS: &str = "batchonce_last_success_timestamp_seconds";
@@ -102,6 +103,7 @@ pub const ALL: &[&str] = &[
     PRODUCER_TICKS,
     PRODUCER_LAST_TICK,
     RUNS,
+    PARTITIONS,
     OLDEST_PENDING_AGE,
     STALE_RUNS,
     LAST_SUCCESS,
@@ -175,7 +177,12 @@ fn describe() {
     describe_gauge!(
         RUNS,
         Unit::Count,
-        "Runs per job and status, from the database (job, status)."
+        "Runs per job and status, from the database (job, status); a partitioned run counts once."
+    );
+    describe_gauge!(
+        PARTITIONS,
+        Unit::Count,
+        "Partitions of partitioned runs per job and status (job, status)."
     );
     describe_gauge!(
         OLDEST_PENDING_AGE,

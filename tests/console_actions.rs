@@ -304,3 +304,42 @@ async fn an_action_behind_a_lock_names_the_holder_and_can_end_it_audited() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_partitioned_run_is_listed_once_and_its_page_shows_its_partitions() {
+    let c = start(None).await;
+    let cfg = batchonce::JobConfig {
+        partitions: 3,
+        ..Default::default()
+    };
+    let date = NaiveDate::from_ymd_opt(2026, 9, 15).unwrap();
+    let key = batchonce::JobKey::parse("settle:2026-09-15").unwrap();
+    batchonce::queue::enqueue(
+        &c.db.pool,
+        &[batchonce::queue::NewRun::new(key, date, &cfg).unwrap()],
+        batchonce::Clock::Db,
+    )
+    .await
+    .unwrap();
+    let op = c.login("alice").await;
+    let list = c.get_as(&op.cookie, "/runs?job=settle").await.text().await.unwrap();
+    assert_eq!(list.matches("href=\"/runs/settle%3A").count(), 1, "{list}");
+    let page = c
+        .get_as(&op.cookie, "/runs/settle%3A2026-09-15")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<h2>Partitions</h2>"), "{page}");
+    for p in 1..=3 {
+        assert!(page.contains(&format!("settle:2026-09-15.p{p}")), "{page}");
+    }
+    assert!(page.contains("its partitions have all succeeded"), "{page}");
+    let part = c
+        .get_as(&op.cookie, "/runs/settle%3A2026-09-15.p2")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(part.contains("2 of 3 of"), "{part}");
+}

@@ -23,6 +23,16 @@ export interface RunContext {
   /** `BATCHONCE_PAYLOAD`, parsed (`{}` when it is not set). */
   readonly payload: unknown;
   /** `BATCHONCE_DATABASE_URL` (or `DATABASE_URL`), given with `database_url_env`. */
+  /** `whole`, or for a job with `partitions = N`: `partition` (this run is
+   *  one partition of its business period) or `final` (every partition
+   *  succeeded; do what must happen once, such as a summary). */
+  readonly step: 'whole' | 'partition' | 'final';
+  /** This partition's number, 1 to `partitions`: work on the items for which
+   *  `batchonce_partition(item_key, partitions)` equals it. `null` unless
+   *  `step` is `partition`. */
+  readonly partition: number | null;
+  /** The run's number of partitions; `null` for a whole run. */
+  readonly partitions: number | null;
   readonly databaseUrl: string | null;
 }
 
@@ -107,3 +117,7 @@ export class EnqueueError extends Error {
   /** `BO002` no live process declares the job, `BO003` they disagree, `BO004` a per-firing job, `22023` bad input. */
   readonly code: 'BO002' | 'BO003' | 'BO004' | '22023';
 }
+
+/** The partition (1..partitions) of an item key, equal to the database's
+ *  `batchonce_partition(item_key, partitions)`. */
+export function partitionOf(itemKey: string, partitions: number): number;

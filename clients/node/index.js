@@ -3,6 +3,7 @@
 // copy that lost its lease writes can commit), progress the operator sees,
 // skip, a clean stop on shutdown, and enqueue from an application.
 'use strict';
+const crypto = require('node:crypto');
 const fs = require('node:fs');
 
 /** A variable of the run's environment is missing or malformed. */
@@ -112,7 +113,7 @@ function context(env = process.env) {
   if (!/^[a-z0-9]+(-[a-z0-9]+)*$/.test(job)) {
     throw new ContextError(`BATCHONCE_JOB_NAME is ${JSON.stringify(job)}: expected a job name such as nightly-invoices`);
   }
-  if (!key.startsWith(`${job}:`) || !/^[0-9T:-]+$/.test(key.slice(job.length + 1))) {
+  if (!key.startsWith(`${job}:`) || !/^[0-9T:-]+(\.p[1-9]\d{0,2})?$/.test(key.slice(job.length + 1))) {
     throw new ContextError(`BATCHONCE_JOB_KEY is ${JSON.stringify(key)}: expected ${job}:<period>, e.g. ${job}:2026-09-15`);
   }
   const businessDate = parseDate('BATCHONCE_BUSINESS_DATE', need('BATCHONCE_BUSINESS_DATE'));
@@ -152,6 +153,27 @@ function context(env = process.env) {
     }
     leaseTtlMs = Number(env.BATCHONCE_LEASE_TTL_MS);
   }
+  // The step of a partitioned run: a partition works on the items for
+  // which batchonce_partition(item_key, partitions) = partition.
+  const step = env.BATCHONCE_STEP || 'whole';
+  if (!['whole', 'partition', 'final'].includes(step)) {
+    throw new ContextError(`BATCHONCE_STEP is ${JSON.stringify(step)}: expected whole, partition or final`);
+  }
+  const small = (name) => {
+    const v = need(name);
+    if (!/^[1-9]\d{0,2}$/.test(v) || Number(v) > 256) {
+      throw new ContextError(`${name} is ${JSON.stringify(v)}: expected a whole number from 1 to 256`);
+    }
+    return Number(v);
+  };
+  const partitions = step === 'whole' ? null : small('BATCHONCE_PARTITIONS');
+  const partition = step === 'partition' ? small('BATCHONCE_PARTITION') : null;
+  if (partition !== null && partition > partitions) {
+    throw new ContextError(`BATCHONCE_PARTITION (${partition}) is more than BATCHONCE_PARTITIONS (${partitions})`);
+  }
+  if ((step === 'partition') !== /\.p\d+$/.test(key)) {
+    throw new ContextError(`BATCHONCE_JOB_KEY ${JSON.stringify(key)} does not match BATCHONCE_STEP ${step}`);
+  }
   const timezone = need('BATCHONCE_TIMEZONE');
   if (!isTimeZone(timezone)) {
     throw new ContextError(`BATCHONCE_TIMEZONE is ${JSON.stringify(timezone)}: expected an IANA time zone such as Asia/Seoul`);
@@ -168,6 +190,9 @@ function context(env = process.env) {
     periodEnd,
     leaseTtlMs,
     payload,
+    step,
+    partition,
+    partitions,
     databaseUrl: env.BATCHONCE_DATABASE_URL || env.DATABASE_URL || null,
   });
 }
@@ -427,8 +452,25 @@ async function concurrently(ctx, items, limit, fn) {
   return started;
 }
 
+/**
+ * The partition (1..partitions) an item key belongs to, as the database's
+ * batchonce_partition(item_key, partitions) computes it: the first 31 bits of
+ * the key's MD5, modulo the count, plus one.
+ */
+function partitionOf(itemKey, partitions) {
+  if (typeof itemKey !== 'string') {
+    throw new TypeError(`partitionOf: the item key must be a string, not ${typeof itemKey}`);
+  }
+  if (!Number.isInteger(partitions) || partitions < 1 || partitions > 256) {
+    throw new RangeError(`partitionOf: partitions must be a whole number from 1 to 256, not ${partitions}`);
+  }
+  const head = crypto.createHash('md5').update(itemKey, 'utf8').digest().readUInt32BE(0);
+  return ((head & 0x7fffffff) % partitions) + 1;
+}
+
 module.exports = {
   context,
+  partitionOf,
   fenced,
   concurrently,
   run,

@@ -414,6 +414,23 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                     ]);
                 }
                 t.print();
+                if !st.partitions.is_empty() {
+                    // A partitioned run counts once above, by its parent; its
+                    // partitions are leased apart and counted here.
+                    let mut t = Table::new(&[
+                        ("JOB", Align::Left),
+                        ("STATUS", Align::Left),
+                        ("PARTITIONS", Align::Right),
+                    ]);
+                    for c in &st.partitions {
+                        t.row(vec![
+                            esc(&c.job_name).into_owned(),
+                            esc(&c.status).into_owned(),
+                            c.runs.to_string(),
+                        ]);
+                    }
+                    t.print();
+                }
                 match st.oldest_pending_seconds {
                     Some(s) => println!("oldest due pending run: {s:.0}s"),
                     None => println!("oldest due pending run: none"),

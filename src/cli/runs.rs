@@ -184,15 +184,16 @@ pub(super) async fn runs_command(
                 return Err(keys::no_run(&key));
             };
             let actions = queue::actions(pool, &key).await?;
+            let partitions = queue::partitions(pool, &key).await?;
             if json_out {
                 println!(
                     "{}",
-                    json_for_terminal(
-                        &json!({"run": run, "attempts": attempts, "operator_actions": actions})
-                    )?
+                    json_for_terminal(&json!({"run": run, "attempts": attempts,
+                        "partitions": partitions, "operator_actions": actions}))?
                 );
             } else {
                 print_show(&run, &attempts, &actions);
+                print_partitions(&run, &partitions);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -239,6 +240,30 @@ fn print_list(runs: &[queue::RunView]) {
     t.print();
 }
 
+/// A partitioned run's partitions under `runs show`: each is leased apart,
+/// and the parent's own attempts above are its final step.
+fn print_partitions(run: &queue::RunView, partitions: &[queue::RunView]) {
+    if partitions.is_empty() {
+        return;
+    }
+    let done = partitions
+        .iter()
+        .filter(|p| p.status == "SUCCEEDED")
+        .count();
+    println!();
+    println!(
+        "partitions: {done} of {} succeeded; the attempts above are the final step, which runs once all have",
+        partitions.len()
+    );
+    print_list(partitions);
+    if run.status == "FAILED" {
+        println!(
+            "`batchonce runs rerun {}` re-runs the FAILED and SKIPPED partitions (none if only the final step failed), then the final step",
+            esc(&run.job_key)
+        );
+    }
+}
+
 /// One `label: value` line of `runs show`, the values in one column.
 fn field(label: &str, value: impl std::fmt::Display) {
     println!("{:<16}{value}", format!("{label}:"));
@@ -262,6 +287,16 @@ fn print_show(
     };
     field("key", esc(&run.job_key));
     field("job", esc(&run.job_name));
+    match (run.step, &run.partition_of) {
+        (queue::Step::Partition { no, count }, Some(parent)) => {
+            field("partition", format!("{no} of {count} of {}", esc(parent)))
+        }
+        (queue::Step::Final { count }, _) => field(
+            "partitions",
+            format!("{count} (this run's own attempts are its final step)"),
+        ),
+        _ => {}
+    }
     field("business date", run.business_date);
     field("status", esc(&run.status));
     field("attempts", format!("{}/{}", run.attempts, run.max_attempts));
@@ -303,7 +338,9 @@ fn print_show(
         ),
     }
     field("enqueued", time(run.enqueued_at));
-    if run.status == "PENDING" {
+    if queue::is_waiting(run) {
+        field("next try", "after its partitions (below)");
+    } else if run.status == "PENDING" {
         field(
             "next try",
             format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),

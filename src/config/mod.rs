@@ -36,8 +36,11 @@
 //! `src/runtime/producer.rs`). The cross-key rules run in `apply_job_table`, so they check the jobs that
 //! have a `[jobs.<name>]` table in the file; a kind's `default_config()` alone is not checked.
 //!
-//! Three kinds of keys sit in a job table besides the scheduling and policy keys above:
+//! Four kinds of keys sit in a job table besides the scheduling and policy keys above:
 //!
+//! - `partitions` (1–256, default 1) splits each run into that many partitions, leased apart
+//!   (`src/queue/partitions.rs`); only a kind whose `default_config` sets `partitionable`, or a
+//!   command job, accepts more than 1.
 //! - `max_item_failures` (`Option<u64>`, default `None`, meaning no limit) is a common key that
 //!   every job accepts. Only a kind that counts failed items reads it; among the bundled kinds that
 //!   is `notification-send`.
@@ -139,6 +142,12 @@ pub struct JobConfig {
     pub options: KindOptions,
     /// Set for a job that runs an external program (`command = [...]`).
     pub command: Option<CommandSpec>,
+    /// Partitions of each run (1: a whole run). Stored with the run when it
+    /// is enqueued, so changing it never splits an enqueued run another way.
+    pub partitions: u16,
+    /// Whether the kind can work on one partition of a run and has a final
+    /// step (set by the kind's `default_config`; command jobs can).
+    pub partitionable: bool,
 }
 
 impl JobConfig {
@@ -190,6 +199,8 @@ impl Default for JobConfig {
             max_item_failures: None,
             options: KindOptions::default(),
             command: None,
+            partitions: 1,
+            partitionable: false,
         }
     }
 }
@@ -267,6 +278,7 @@ const JOB_KEYS: &[&str] = &[
     "skip_weekdays",
     "enabled",
     "max_item_failures",
+    "partitions",
     "command",
 ];
 
@@ -531,6 +543,10 @@ fn apply_job_table(
             "max_item_failures" => {
                 cfg.max_item_failures = Some(as_int(value, 0, i64::MAX).map_err(err)? as u64)
             }
+            "partitions" => {
+                cfg.partitions =
+                    as_int(value, 1, i64::from(crate::key::MAX_PARTITIONS)).map_err(err)? as u16
+            }
             "command" => cfg.command = Some(CommandSpec::new(as_argv(value).map_err(err)?)),
             k if COMMAND_KEYS.contains(&k) => {
                 // Applied after the loop, once `command` is known to be there.
@@ -552,6 +568,12 @@ fn apply_job_table(
         }
     }
     apply_command_keys(cfg, fields, path)?;
+    if cfg.partitions > 1 && !cfg.partitionable && cfg.command.is_none() {
+        return Err((
+            format!("{path}.partitions"),
+            "this job kind cannot split a run into partitions (daily-settlement, notification-send and command jobs can)".to_owned(),
+        ));
+    }
     if let Some(check) = cfg.options.check {
         check(&cfg.options.values).map_err(|e| (format!("{path}.{}", e.key), e.message))?;
     }

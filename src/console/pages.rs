@@ -236,7 +236,7 @@ pub(crate) async fn runs(
     html::page("Runs", &a.session, body).into_response()
 }
 
-fn run_table(rows: &[queue::RunView]) -> Markup {
+pub(crate) fn run_table(rows: &[queue::RunView]) -> Markup {
     html! {
         table {
             tr { th { "Key" } th { "State" } th { "Attempts" } th { "Processed" } th { "Failed items" }

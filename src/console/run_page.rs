@@ -92,6 +92,10 @@ async fn render(
         Ok(h) => h,
         Err(e) => return db_error(e),
     };
+    let partitions = match queue::partitions(&app.pool, key).await {
+        Ok(p) => p,
+        Err(e) => return db_error(e),
+    };
     let stale = match queue::stale_runs(&app.pool, Clock::Db).await {
         Ok(s) => s.into_iter().find(|s| s.job_key == run.job_key),
         Err(e) => return db_error(e),
@@ -120,12 +124,19 @@ async fn render(
         table {
             tr { th { "Job" } td { a href={ "/jobs/" (encode(&run.job_name)) } { (run.job_name) } } }
             tr { th { "Business date" } td { (run.business_date) } }
+            @if let (queue::Step::Partition { no, count }, Some(parent)) = (run.step, &run.partition_of) {
+                tr { th { "Partition" } td { (no) " of " (count) " of " a href=(run_href(parent)) { (parent) } } }
+            }
             tr { th { "Attempts" } td { (run.attempts) " of " (run.max_attempts) } }
             tr { th { "Progress" } td { (run.processed_count) " items processed, " (run.failed_count) " failed" } }
             tr { th { "Enqueued" } td { (at(run.enqueued_at)) } }
             tr { th { "Started" } td { (at_opt(run.started_at)) } }
             tr { th { "Finished" } td { (at_opt(run.finished_at)) } }
-            tr { th { "Next attempt not before" } td { (at(run.next_run_at)) } }
+            @if queue::is_waiting(&run) {
+                tr { th { "Next attempt not before" } td { "its partitions have all succeeded" } }
+            } @else {
+                tr { th { "Next attempt not before" } td { (at(run.next_run_at)) } }
+            }
             @if run.status == "RUNNING" {
                 tr { th { "Lease" } td {
                     (run.lease_owner.as_deref().unwrap_or("—")) ", token "
@@ -140,6 +151,11 @@ async fn render(
         @if context.is_empty() { p.muted { "Enqueued by an earlier release without a stored context." } }
         @else { table { @for (k, v) in &context { tr { th { (k) } td { code { (v) } } } } } }
         @if let Some(s) = &stale { (stale_evidence(s)) }
+        @if !partitions.is_empty() {
+            h2 { "Partitions" }
+            p.muted { "Each partition is leased, retried and recovered on its own; the attempts below are the final step, which runs once all have succeeded. A re-run of this run re-runs only its FAILED and SKIPPED partitions." }
+            (super::pages::run_table(&partitions))
+        }
         h2 { "Attempts" }
         @if attempts.is_empty() { p.muted { "No attempt yet." } }
         @for t in &attempts {

@@ -12,7 +12,8 @@
 //! `batchonce exporter`. `publish_once` reads `queue::gauges` on the database clock for every job
 //! the database knows (each job with runs, each job a process registered, plus zeros for the jobs
 //! of the exporter's own file without runs), judging runs by their stored policies, never by the
-//! file, and sets `batchonce_runs` (labels `job`, `status`),
+//! file, and sets `batchonce_runs` (labels `job`, `status`; a partitioned run counts once),
+//! `batchonce_partitions` (the same labels, for jobs with partitioned runs),
 //! `batchonce_oldest_pending_age_seconds`, `batchonce_stale_runs`,
 //! `batchonce_last_success_timestamp_seconds` (only for a job that has succeeded: never 0),
 //! `batchonce_newest_failure_timestamp_seconds` (the label `BatchonceRunFailed` carries, so a
@@ -46,6 +47,14 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
         for (status, n) in &g.runs {
             metrics::gauge!(telemetry::RUNS, "job" => job.clone(), "status" => status.clone())
                 .set(*n as f64);
+        }
+        // Partitions only for a job that has them: the same five statuses,
+        // so the series stay bounded by jobs, not by runs or partitions.
+        if g.partitions.iter().any(|(_, n)| *n > 0) {
+            for (status, n) in &g.partitions {
+                metrics::gauge!(telemetry::PARTITIONS, "job" => job.clone(), "status" => status.clone())
+                    .set(*n as f64);
+            }
         }
         metrics::gauge!(telemetry::OLDEST_PENDING_AGE, "job" => job.clone())
             .set(g.oldest_pending_seconds);

@@ -200,6 +200,7 @@ pub async fn race(url: &str, key: &str, start_at_ms: i64) -> anyhow::Result<()> 
         max_attempts: 1,
         payload: json!({}),
         skip_reason: None,
+        partitions: 1,
         context: crate::config::context::RunContext::new(
             &cfg,
             &crate::schedule::Period::day(business_date),

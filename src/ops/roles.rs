@@ -37,7 +37,7 @@
 //!   `_operator`, `_readonly`, `_program` and `_console`, each only if missing; grants `USAGE` on
 //!   the schema to all, `CREATE` to the migrator, `pg_read_all_stats` to the operator, read-only
 //!   and console roles, `pg_signal_backend` to the operator and console roles.
-//! - Once the schema holds `batchonce_enqueue` (this release's migrations ran), it grants on what
+//! - Once the schema holds `batchonce_enqueue2` (this release's migrations ran), it grants on what
 //!   exists: every role but the program reads the tables, except that the worker reads no engine
 //!   table but `_sqlx_migrations` (so it never learns a run's token); nobody deletes or truncates;
 //!   nobody writes runs, attempts or the audit table; the worker inserts and updates only the
@@ -71,6 +71,8 @@ const ENGINE_TABLES: &[&str] = &[
 /// 20261203000004 and 20261203000005); every other function of the engine is its owner's.
 const WORKER_FUNCTIONS: &[&str] = &[
     "batchonce_claim",
+    "batchonce_claim2",
+    "batchonce_partition",
     "batchonce_heartbeat",
     "batchonce_fence_open",
     "batchonce_fence_commit",
@@ -81,14 +83,22 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "batchonce_progress",
     "batchonce_attempt_output",
 ];
-const PRODUCER_FUNCTIONS: &[&str] = &["batchonce_enqueue", "batchonce_enqueue_declared"];
+const PRODUCER_FUNCTIONS: &[&str] = &[
+    "batchonce_enqueue",
+    "batchonce_enqueue2",
+    "batchonce_enqueue_declared",
+];
 const OPERATOR_FUNCTIONS: &[&str] = &[
     "batchonce_operator_check",
     "batchonce_operator_apply",
     "batchonce_operator_audit_terminate",
     "batchonce_operator_hold_row",
 ];
-const PROGRAM_FUNCTIONS: &[&str] = &["batchonce_fence", "batchonce_progress"];
+const PROGRAM_FUNCTIONS: &[&str] = &[
+    "batchonce_fence",
+    "batchonce_progress",
+    "batchonce_partition",
+];
 /// The console is an operator's tool: the operator's functions, no more.
 const CONSOLE_FUNCTIONS: &[&str] = OPERATOR_FUNCTIONS;
 
@@ -247,7 +257,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
          GRANT pg_signal_backend TO {o}, {c};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
-         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue') IS NOT NULL THEN\n"
+         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue2') IS NOT NULL THEN\n"
     ));
     for stmt in &on_tables {
         if stmt.starts_with("--") {
@@ -343,6 +353,7 @@ mod tests {
         assert!(
             s.contains(
                 "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue\", \
+                 \"public\".\"batchonce_enqueue2\", \
                  \"public\".\"batchonce_enqueue_declared\" TO \"bo_producer\""
             ),
             "{s}"

@@ -37,6 +37,9 @@ pub struct NewRun {
     pub skip_reason: Option<String>,
     /// What defines the run, stored with it (see [`crate::config::context`]).
     pub context: RunContext,
+    /// Partitions of the run (1: a whole run), fixed with it: the database
+    /// inserts the partitions with the parent (`queue::partitions`).
+    pub partitions: u16,
 }
 
 impl NewRun {
@@ -59,6 +62,7 @@ impl NewRun {
             payload: serde_json::json!({}),
             skip_reason: None,
             context,
+            partitions: cfg.partitions,
         })
     }
 }
@@ -85,6 +89,7 @@ pub async fn enqueue(
     let mut maxes = Vec::new();
     let mut payloads = Vec::new();
     let mut reasons: Vec<Option<String>> = Vec::new();
+    let mut parts: Vec<i32> = Vec::new();
     let mut contexts = context::Arrays::default();
     let mut order = Vec::new();
     for r in runs {
@@ -110,6 +115,7 @@ pub async fn enqueue(
             maxes.push(r.max_attempts as i32);
             payloads.push(r.payload.clone());
             reasons.push(r.skip_reason.as_deref().map(truncate));
+            parts.push(i32::from(r.partitions.clamp(1, crate::key::MAX_PARTITIONS)));
             contexts.push(&r.context);
         }
     }
@@ -117,12 +123,13 @@ pub async fn enqueue(
         return Ok(EnqueueReport::default());
     }
     // The database function inserts PENDING runs, or SKIPPED ones with a
-    // calendar reason, and nothing else (migration 20261203000004); it
-    // notifies idle workers in the same statement.
+    // calendar reason, and nothing else (migration 20261203000004), with
+    // their partitions (20261204000002); it notifies idle workers in the
+    // same statement.
     let mut stmt = crate::db::statement(pool).await?;
     let q = crate::db::query(
-        "SELECT k FROM batchonce_enqueue($1, $2, $3, $4, $5, $6, $7, \
-         $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) AS k",
+        "SELECT k FROM batchonce_enqueue2($1, $2, $3, $4, $5, $6, $7, \
+         $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) AS k",
     )
     .bind(&keys)
     .bind(&names)
@@ -133,6 +140,7 @@ pub async fn enqueue(
     .bind(&reasons);
     let inserted: Vec<String> = contexts
         .bind(q)
+        .bind(&parts)
         .fetch_all(stmt.conn())
         .await?
         .iter()

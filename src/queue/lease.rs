@@ -66,6 +66,8 @@ pub struct Lease {
     /// What defines the run; `None` for a run the previous release enqueued,
     /// which the worker freezes before its handler starts.
     pub context: Option<RunContext>,
+    /// The whole run, one partition of it, or its final step.
+    pub step: super::Step,
 }
 
 /// The pair every fenced statement checks.
@@ -101,8 +103,10 @@ pub async fn claim(
     let ttls: Vec<f64> = specs.iter().map(|s| s.lease_ttl.as_secs_f64()).collect();
     let mut stmt = crate::db::statement(pool).await?;
     // The claim runs in a database function (migration 20261203000004),
-    // which alone may turn a PENDING run into a RUNNING one with a new token.
-    let rows = crate::db::query("SELECT * FROM batchonce_claim($1, $2, $3, $4, $5)")
+    // which alone may turn a PENDING run into a RUNNING one with a new token;
+    // its second version (20261204000002) also claims partitions and final
+    // steps, which the first leaves to this release.
+    let rows = crate::db::query("SELECT * FROM batchonce_claim2($1, $2, $3, $4, $5)")
         .bind(&names)
         .bind(&ttls)
         .bind(limit as i64)
@@ -128,6 +132,7 @@ fn lease_from_row(row: &PgRow) -> Result<Lease, QueueError> {
         processed_count: row.try_get("processed_count")?,
         payload: row.try_get("payload")?,
         context: context::from_row(row)?,
+        step: super::Step::from_row(row)?,
     })
 }
 

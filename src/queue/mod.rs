@@ -25,6 +25,8 @@
 //! - `context.rs`: the run-context columns (binding them at enqueue, reading
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
+//! - `partitions.rs`: partitioned runs: the `Step` a lease is for and a
+//!   parent's partitions (the rules live in the migration's trigger).
 //! - `runs.rs`: `runs list`, `runs show` and a run's operator history.
 //! - `search.rs`: the console's filtered, keyset-paged run lists, each job's
 //!   newest run, and the audit log.
@@ -43,6 +45,7 @@ pub mod context;
 mod enqueue;
 mod finish;
 mod lease;
+mod partitions;
 mod runs;
 mod search;
 mod views;
@@ -61,6 +64,7 @@ pub use lease::{
     begin_fenced, claim, heartbeat, ClaimSpec, Fence, FencedTx, HeartbeatReport, HeldLease, Lease,
     MIN_FENCED_IDLE,
 };
+pub use partitions::{is_waiting, partitions, Step, WAITING_YEAR};
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
 pub use search::{
     audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,

@@ -39,6 +39,11 @@ pub struct RunView {
     /// the previous release enqueued and nobody has claimed since.
     #[serde(serialize_with = "serialize_context")]
     pub context: Option<RunContext>,
+    /// Whole run, a partition of a parent, or a partitioned parent (whose
+    /// own claim is the final step).
+    pub step: super::Step,
+    /// A partition's parent run.
+    pub partition_of: Option<String>,
 }
 
 fn serialize_context<S: serde::Serializer>(
@@ -71,7 +76,8 @@ pub(super) const RUN_COLUMNS: &str =
     "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
     r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
     r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
-    r.failed_count, r.error_message, now() AS read_at";
+    r.failed_count, r.error_message, now() AS read_at, r.partition_no::int AS partition_no, \
+    r.partition_count::int AS partition_count, r.partition_of";
 
 pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     Ok(RunView {
@@ -94,10 +100,13 @@ pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
         error_message: row.try_get("error_message")?,
         read_at: row.try_get("read_at")?,
         context: context::from_row(row)?,
+        step: super::Step::from_row(row)?,
+        partition_of: row.try_get("partition_of")?,
     })
 }
 
-/// Runs, newest business date first, optionally filtered.
+/// Runs, newest business date first, optionally filtered; a partitioned
+/// run is listed once, by its parent (`runs show` lists its partitions).
 pub async fn list_runs(
     pool: &PgPool,
     status: Option<RunStatus>,
@@ -107,6 +116,7 @@ pub async fn list_runs(
     let sql = format!(
         "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
          WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
+           AND r.partition_of IS NULL \
          ORDER BY r.business_date DESC, r.job_key LIMIT $3",
         context::COLUMNS
     );

@@ -54,6 +54,7 @@ pub async fn search_runs(
            AND ($5::text IS NULL OR strpos(r.job_key, $5) > 0) \
            AND ($6::date IS NULL OR r.business_date < $6 \
                 OR (r.business_date = $6 AND r.job_key > $7)) \
+           AND r.partition_of IS NULL \
          ORDER BY r.business_date DESC, r.job_key LIMIT $8",
         context::COLUMNS
     );
@@ -79,6 +80,7 @@ pub async fn latest_runs(pool: &PgPool, jobs: &[String]) -> Result<Vec<RunView>,
     let sql = format!(
         "SELECT x.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL ( \
            SELECT {RUN_COLUMNS}, {} FROM batch_job_run r WHERE r.job_name = j.name \
+             AND r.partition_of IS NULL \
            ORDER BY r.business_date DESC, r.job_key DESC LIMIT 1) x \
          ORDER BY x.job_name",
         context::COLUMNS

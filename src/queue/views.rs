@@ -86,7 +86,10 @@ pub struct StatusCount {
 /// The queue at a glance.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct QueueStatus {
+    /// Runs per job and status; a partitioned run counts once, by its parent.
     pub counts: Vec<StatusCount>,
+    /// Partitions of partitioned runs per job and status.
+    pub partitions: Vec<StatusCount>,
     /// Age in seconds of the oldest due PENDING run, by the database clock.
     pub oldest_pending_seconds: Option<f64>,
     /// RUNNING runs whose lease has expired.
@@ -109,22 +112,26 @@ pub struct StaleBrief {
 /// `status` and `runs stale` cannot disagree.
 pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueError> {
     let mut stmt = crate::db::statement(pool).await?;
-    let counts = crate::db::query(
-        "SELECT job_name, status, count(*) AS runs FROM batch_job_run \
-         GROUP BY job_name, status ORDER BY job_name, status",
+    let rows = crate::db::query(
+        "SELECT job_name, status, partition_of IS NOT NULL AS part, count(*) AS runs \
+         FROM batch_job_run GROUP BY 1, 2, 3 ORDER BY 1, 2",
     )
     .fetch_all(stmt.conn())
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(StatusCount {
+    .await?;
+    stmt.done().await?;
+    let (mut counts, mut partitions) = (Vec::new(), Vec::new());
+    for r in &rows {
+        let c = StatusCount {
             job_name: r.try_get("job_name")?,
             status: r.try_get("status")?,
             runs: r.try_get("runs")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    stmt.done().await?;
+        };
+        if r.try_get::<bool, _>("part")? {
+            partitions.push(c);
+        } else {
+            counts.push(c);
+        }
+    }
     let mut stmt = crate::db::statement(pool).await?;
     let oldest: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
@@ -152,6 +159,7 @@ pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueErr
         .collect();
     Ok(QueueStatus {
         counts,
+        partitions,
         oldest_pending_seconds: oldest,
         expired_leases: expired,
         stale,
@@ -270,7 +278,10 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
 /// Database-derived gauges for one job (the exporter's view).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobGauges {
+    /// Runs per status; a partitioned run counts once, by its parent.
     pub runs: Vec<(String, i64)>,
+    /// Partitions per status (all zero for a job without partitions).
+    pub partitions: Vec<(String, i64)>,
     pub oldest_pending_seconds: f64,
     pub stale: i64,
     /// When the newest SUCCEEDED run finished; `None` if none ever did.
@@ -314,20 +325,25 @@ pub async fn gauges(
         SELECT f.job_name,
           (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
              (SELECT status, count(*) AS n FROM batch_job_run r
-              WHERE r.job_name = f.job_name GROUP BY status) s) AS runs,
+              WHERE r.job_name = f.job_name AND r.partition_of IS NULL GROUP BY status) s) AS runs,
+          (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
+             (SELECT status, count(*) AS n FROM batch_job_run r
+              WHERE r.job_name = f.job_name AND r.partition_of IS NOT NULL GROUP BY status) s)
+            AS partitions,
           (SELECT coalesce(extract(epoch FROM t.now - min(next_run_at)), 0)::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
               AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name AND j.is_stale) AS stale,
           (SELECT extract(epoch FROM max(finished_at))::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status = 'SUCCEEDED') AS last_success,
+              AND status = 'SUCCEEDED' AND r.partition_of IS NULL) AS last_success,
           (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status = 'FAILED') AS newest_failure,
+              AND status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
           (SELECT extract(epoch FROM max(period_start))::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status IN ('SUCCEEDED', 'SKIPPED') AND period_start <= t.now) AS last_done,
+              AND status IN ('SUCCEEDED', 'SKIPPED') AND period_start <= t.now
+              AND r.partition_of IS NULL) AS last_done,
           (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
              WHERE r.job_name = f.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name
@@ -345,18 +361,23 @@ pub async fn gauges(
     rows.iter()
         .map(|r| {
             let name: String = r.try_get("job_name")?;
-            let runs: serde_json::Value = r.try_get("runs")?;
-            let runs = RunStatus::ALL
-                .iter()
-                .map(|st| {
-                    let n = runs.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
-                    (st.as_str().to_owned(), n)
-                })
-                .collect();
+            let per_status = |col: &str| -> Result<Vec<(String, i64)>, QueueError> {
+                let v: serde_json::Value = r.try_get(col)?;
+                Ok(RunStatus::ALL
+                    .iter()
+                    .map(|st| {
+                        let n = v.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
+                        (st.as_str().to_owned(), n)
+                    })
+                    .collect())
+            };
+            let runs = per_status("runs")?;
+            let partitions = per_status("partitions")?;
             Ok((
                 JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
                 JobGauges {
                     runs,
+                    partitions,
                     oldest_pending_seconds: r.try_get("oldest")?,
                     stale: r.try_get("stale")?,
                     last_success_unix: r.try_get("last_success")?,

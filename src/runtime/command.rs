@@ -29,8 +29,10 @@
 //!   `LANGUAGE`, `TZ`, `TMPDIR`, `USER`, `LOGNAME`), every `LC_*` and the names of `pass_env`; over
 //!   them the job's `env` table; over that `run_variables`: `BATCHONCE_JOB_KEY`,
 //!   `BATCHONCE_JOB_NAME`, `BATCHONCE_BUSINESS_DATE`, `BATCHONCE_ATTEMPT`, `BATCHONCE_LEASE_TOKEN`,
-//!   `BATCHONCE_WORKER_ID`, `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START`, `BATCHONCE_PERIOD_END`
-//!   and `BATCHONCE_PAYLOAD`; and, only with `database_url_env`, the value of the worker's variable
+//!   `BATCHONCE_WORKER_ID`, `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START`, `BATCHONCE_PERIOD_END`,
+//!   `BATCHONCE_PAYLOAD`, `BATCHONCE_LEASE_TTL_MS`, `PGAPPNAME`, and the step (`BATCHONCE_STEP`:
+//!   `whole`, `partition` or `final`; `BATCHONCE_PARTITION` and `BATCHONCE_PARTITIONS` for a
+//!   partitioned run); and, only with `database_url_env`, the value of the worker's variable
 //!   it names as `BATCHONCE_DATABASE_URL` and `DATABASE_URL`. That variable unset or blank is
 //!   `EnvError::DatabaseUrlUnset`, which `run_command` makes `Fatal` before anything starts. The
 //!   worker's own `DATABASE_URL`, `BATCHONCE_LISTEN_URL` and tokens therefore never reach a program
@@ -225,7 +227,7 @@ pub fn worker_environment() -> BTreeMap<String, String> {
 
 /// The run's own variables: its identity, lease token and context.
 pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
-    vec![
+    let mut vars = vec![
         ("BATCHONCE_JOB_KEY".into(), ctx.key.to_string()),
         ("BATCHONCE_JOB_NAME".into(), ctx.job.to_string()),
         (
@@ -258,7 +260,12 @@ pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
         // libpq and node-postgres name their sessions after it, so the
         // program's own sessions count as the worker's in `runs stale`.
         ("PGAPPNAME".into(), ctx.worker_id.clone()),
-    ]
+    ];
+    // Which step of the run this is: a partition works on the items for
+    // which `batchonce_partition(item_key, BATCHONCE_PARTITIONS)` is
+    // BATCHONCE_PARTITION, fenced by this partition's own key and token.
+    vars.extend(ctx.step.env().into_iter().map(|(k, v)| (k.to_owned(), v)));
+    vars
 }
 
 /// The program's whole environment, and nothing else: the [`BASE_ENV`]

@@ -245,6 +245,11 @@ pub struct JobContext {
     /// options, `chunk_pause`, a command's program) is this worker's.
     pub config: JobConfig,
     pub payload: serde_json::Value,
+    /// The whole run, one partition of it, or its final step. A kind that
+    /// sets `partitionable` in its default configuration works on the items
+    /// of its partition alone (`batchonce_partition(item_key, count) = no`)
+    /// and does what must happen once, after all of them, in `Final`.
+    pub step: queue::Step,
     pool: PgPool,
     cancel: CancellationToken,
     /// Set (before `cancel`) when the lease is gone rather than a shutdown.
@@ -282,6 +287,7 @@ impl JobContext {
             config: run.apply_to(config),
             run,
             payload: lease.payload.clone(),
+            step: lease.step,
             pool,
             cancel,
             lost: CancellationToken::new(),

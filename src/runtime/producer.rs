@@ -80,6 +80,7 @@ pub fn runs_for_periods(
                 payload: serde_json::json!({}),
                 skip_reason: cfg.skip_reason(p.date),
                 context: RunContext::new(cfg, p)?,
+                partitions: cfg.partitions,
             })
         })
         .collect()

@@ -211,7 +211,7 @@ pub fn job_settings(cfg: &JobConfig) -> serde_json::Value {
             "fatal_exit_codes": c.fatal_exit_codes,
         })
     });
-    serde_json::json!({
+    let mut settings = serde_json::json!({
         "timezone": cfg.timezone.name(),
         "schedule": cfg.schedule.as_ref().map(|s| s.as_str()),
         "covers": cfg.covers.as_str(),
@@ -230,7 +230,13 @@ pub fn job_settings(cfg: &JobConfig) -> serde_json::Value {
         "max_item_failures": cfg.max_item_failures,
         "options": options,
         "command": command,
-    })
+    });
+    // Recorded only when a job is partitioned, so that the fingerprints of
+    // every other job stay those the previous release records.
+    if cfg.partitions > 1 {
+        settings["partitions"] = serde_json::json!(cfg.partitions);
+    }
+    settings
 }
 
 /// One live process's configuration of a job.

@@ -15,10 +15,13 @@
 //! source data fails the run at once instead of being retried. It then runs keyset-paginated chunks
 //! inside fenced transactions, followed by an idempotent summary upsert. It also implements
 //! `JobDemo`, with a seed and a verify that compares count, total, duplicates, wrong-date items and
-//! summary totals against the source. Its migrations are embedded from
+//! summary totals against the source. With `partitions = N` a partition settles the orders for
+//! which `batchonce_partition(order_id::text, N)` is its number, and the final step writes the
+//! summary once, after all of them. Its migrations are embedded from
 //! `workers/migrations/settlement/`.
 
 use async_trait::async_trait;
+use batchonce::queue::Step;
 use batchonce::schedule::{Covers, CronSchedule};
 use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
 use chrono::{Days, NaiveDate};
@@ -54,6 +57,7 @@ impl Job for DailySettlement {
             schedule: Some(CronSchedule::parse("0 1 * * *").expect("valid cron")),
             covers: Covers::PreviousDay,
             catch_up: std::time::Duration::from_secs(7 * 86_400),
+            partitionable: true,
             ..JobConfig::default()
         }
     }
@@ -71,6 +75,13 @@ impl Job for DailySettlement {
     }
 
     async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        // A partition settles its own orders; the summary is written once,
+        // by the whole run or by the final step after every partition.
+        let (no, count) = match ctx.step {
+            Step::Whole => (0, 0),
+            Step::Partition { no, count } => (i32::from(no), i32::from(count)),
+            Step::Final { .. } => return summarize(ctx).await,
+        };
         // The window the run was enqueued with, never this worker's idea of
         // the job's time zone.
         let (start, end) = (ctx.run.period_start, ctx.run.period_end);
@@ -79,10 +90,13 @@ impl Job for DailySettlement {
         let mut stmt = batchonce::db::statement(ctx.pool()).await?;
         let negative: Option<i64> = batchonce::db::query_scalar(
             "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
+             AND ($3 = 0 OR batchonce_partition(order_id::text, $3) = $4) \
              ORDER BY order_id LIMIT 1",
         )
         .bind(start)
         .bind(end)
+        .bind(count)
+        .bind(no)
         .fetch_optional(stmt.conn())
         .await?;
         stmt.done().await?;
@@ -115,6 +129,7 @@ impl Job for DailySettlement {
                     SELECT order_id, merchant_id, amount_minor
                     FROM orders
                     WHERE paid_at >= $1 AND paid_at < $2 AND order_id > $3
+                      AND ($8 = 0 OR batchonce_partition(order_id::text, $8) = $9)
                     ORDER BY order_id
                     LIMIT $4
                 ), ins AS (
@@ -144,6 +159,8 @@ impl Job for DailySettlement {
             .bind(ctx.business_date)
             .bind(ctx.key.as_str())
             .bind(ctx.lease_token)
+            .bind(count)
+            .bind(no)
             .fetch_one(tx.conn())
             .await?;
             let last_id: Option<i64> = row.try_get("last_id")?;
@@ -172,26 +189,35 @@ impl Job for DailySettlement {
                 "orders of this period were already settled by another run; they were not settled again (did the job's time zone change between periods?)"
             );
         }
-        if ctx.is_cancelled() {
-            return Err(JobError::Cancelled);
+        if ctx.step != Step::Whole {
+            return Ok(Outcome::Succeeded);
         }
-        let mut tx = ctx.fenced().await?;
-        batchonce::db::query(
-            r#"
-            INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
-            SELECT business_date, merchant_id, count(*), sum(amount_minor)
-            FROM settlement_item WHERE business_date = $1
-            GROUP BY business_date, merchant_id
-            ON CONFLICT ON CONSTRAINT settlement_summary_pkey DO UPDATE
-            SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor
-            "#,
-        )
-        .bind(ctx.business_date)
-        .execute(tx.conn())
-        .await?;
-        ctx.commit(tx).await?;
-        Ok(Outcome::Succeeded)
+        summarize(ctx).await
     }
+}
+
+/// The per-merchant totals of the run's date, from its items: an idempotent
+/// upsert, fenced by the whole run's token or the final step's.
+async fn summarize(ctx: &JobContext) -> Result<Outcome, JobError> {
+    if ctx.is_cancelled() {
+        return Err(JobError::Cancelled);
+    }
+    let mut tx = ctx.fenced().await?;
+    batchonce::db::query(
+        r#"
+        INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
+        SELECT business_date, merchant_id, count(*), sum(amount_minor)
+        FROM settlement_item WHERE business_date = $1
+        GROUP BY business_date, merchant_id
+        ON CONFLICT ON CONSTRAINT settlement_summary_pkey DO UPDATE
+        SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor
+        "#,
+    )
+    .bind(ctx.business_date)
+    .execute(tx.conn())
+    .await?;
+    ctx.commit(tx).await?;
+    Ok(Outcome::Succeeded)
 }
 
 /// Demo orders per business date.

@@ -43,10 +43,25 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         .collect();
     assert_eq!(paths, ["notify", "poll-500ms"]);
     assert!(lines[3]["baseline_items_per_s"].as_f64().unwrap() > 0.0);
-    assert!(lines[3]["worker_peak_rss_mib"].as_f64().unwrap() > 0.0);
+    // The whole run, then 4 partitions over 1, 2 and 4 worker processes.
+    let settles = lines[3]["results"].as_array().unwrap();
+    let shapes: Vec<(u64, u64)> = settles
+        .iter()
+        .map(|r| {
+            assert!(r["items_per_s"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["worker_peak_rss_mib"].as_f64().unwrap() > 0.0, "{r}");
+            (
+                r["partitions"].as_u64().unwrap(),
+                r["worker_processes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shapes, [(1, 1), (4, 1), (4, 2), (4, 4)]);
     let sends = lines[4]["results"].as_array().unwrap();
     assert_eq!(sends.len(), 2);
-    for r in sends {
+    let partitioned = lines[4]["partitioned"].as_array().unwrap();
+    assert_eq!(partitioned.len(), 3);
+    for r in sends.iter().chain(partitioned) {
         assert!(r["messages_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["provider_allows_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }

@@ -72,6 +72,17 @@ impl Rig {
     /// leases, small paced chunks and a generous attempt budget (every
     /// fault costs an attempt).
     async fn new(name: &str, url: &str, pool: PgPool, enqueue: bool) -> Self {
+        Self::with_job_keys(name, url, pool, enqueue, "").await
+    }
+
+    /// As [`Rig::new`], with `extra` keys in the settlement job's table.
+    async fn with_job_keys(
+        name: &str,
+        url: &str,
+        pool: PgPool,
+        enqueue: bool,
+        extra: &str,
+    ) -> Self {
         let (n_dates, orders, _) = size();
         let dir = scratch(name);
         let config = dir.join("batchonce.toml");
@@ -82,7 +93,7 @@ impl Rig {
             format!(
                 "[jobs.daily-settlement]\ntimezone = \"Asia/Seoul\"\nmax_attempts = 200\nlease_ttl = \"2s\"\n\
                  stale_after = \"1m\"\nchunk_size = {chunk}\nchunk_pause = \"{pause}\"\nbackoff = \"200ms\"\nbackoff_max = \"1s\"\n\
-                 [jobs.inventory-sync]\nenabled = false\n"
+                 {extra}[jobs.inventory-sync]\nenabled = false\n"
             ),
         )
         .unwrap();
@@ -700,4 +711,135 @@ async fn sigterm_every_worker_under_load_then_restart() {
         .await;
     assert_eq!(expired, 0, "graceful shutdown left a lease to expire");
     rig.check("sigterm-restart", t.elapsed()).await;
+}
+
+/// Partitioned runs under faults (issue 23): every date in 4 partitions
+/// over 3 workers; a partition holder is SIGKILLed mid-run and the holder
+/// of another partition of the same date SIGSTOPped past its lease. The
+/// other partitions carry on, both are taken over, the final step succeeds
+/// once per date, the oracle holds (each item by the partition its order
+/// belongs to, under a token of that partition), and nothing under the
+/// stopped holder's token commits after the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_holders_killed_and_stopped_are_taken_over_alone() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let mut rig = Rig::with_job_keys(
+        "fault-partitions",
+        &db.url,
+        db.pool.clone(),
+        true,
+        "partitions = 4\n",
+    )
+    .await;
+    rig.start_workers(3, &[]);
+    rig.wait_items(100).await;
+    // Two partitions of one date, held by w0 and w1, each mid-way.
+    let held = |owner: &'static str| {
+        let pool = rig.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, i64, String)>(
+                "SELECT r.job_key, r.lease_token, r.partition_of FROM batch_job_run r \
+                 WHERE r.status = 'RUNNING' AND r.lease_owner = $1 AND r.partition_of IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM settlement_item i WHERE i.lease_token = r.lease_token) \
+                 ORDER BY r.job_key LIMIT 1",
+            )
+            .bind(owner)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (killed, stopped) = loop {
+        if let (Some(a), Some(b)) = (held("w0").await, held("w1").await) {
+            break (a, b);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "w0 and w1 never both held a partition mid-run"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let others_before = rig
+        .count(&format!(
+            "SELECT count(*) FROM settlement_item WHERE job_key NOT IN ('{}', '{}')",
+            killed.0, stopped.0
+        ))
+        .await;
+    let mut w0 = rig.workers[0].take().unwrap();
+    w0.kill().unwrap();
+    w0.wait().unwrap();
+    let stopped_pid = Pid::from_raw(rig.workers[1].as_ref().unwrap().id() as i32);
+    kill(stopped_pid, Signal::SIGSTOP).unwrap();
+    rig.faults += 2;
+    let faulted_at = Instant::now();
+    // Both partitions are taken over (new tokens) by w2, the worker left.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for (key, token, _) in [&killed, &stopped] {
+        loop {
+            let now: Option<i64> =
+                sqlx::query_scalar("SELECT lease_token FROM batch_job_run WHERE job_key = $1")
+                    .bind(key)
+                    .fetch_one(&rig.pool)
+                    .await
+                    .unwrap();
+            if now != Some(*token) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{key} was not taken over");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let taken_over = faulted_at.elapsed();
+    // Meanwhile the other partitions went on.
+    let others_after = rig
+        .count(&format!(
+            "SELECT count(*) FROM settlement_item WHERE job_key NOT IN ('{}', '{}')",
+            killed.0, stopped.0
+        ))
+        .await;
+    assert!(
+        others_after > others_before,
+        "the other partitions stood still"
+    );
+    kill(stopped_pid, Signal::SIGCONT).unwrap();
+    rig.workers[0] = Some(rig.spawn_worker(0, &[]));
+    rig.wait_all_succeeded().await;
+    let late: i64 = rig
+        .count(&format!(
+            "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
+               ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+             WHERE i.lease_token = {} \
+               AND pg_xact_commit_timestamp(i.xmin) > pg_xact_commit_timestamp(a.xmin)",
+            stopped.1
+        ))
+        .await;
+    assert_eq!(
+        late, 0,
+        "items under the stopped holder's token committed after the takeover"
+    );
+    // One successful final step per date, and it ran after its partitions.
+    let finals: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT r.job_key, count(a.*) FILTER (WHERE a.outcome = 'succeeded') \
+         FROM batch_job_run r LEFT JOIN batch_job_attempt a USING (job_key) \
+         WHERE r.partition_count IS NOT NULL AND r.partition_of IS NULL GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&rig.pool)
+    .await
+    .unwrap();
+    assert_eq!(finals.len(), rig.dates.len());
+    assert!(finals.iter().all(|(_, n)| *n == 1), "{finals:?}");
+    let early: i64 = rig
+        .count(
+            "SELECT count(*) FROM batch_job_attempt f JOIN batch_job_run p ON p.job_key = f.job_key \
+             JOIN batch_job_run c ON c.partition_of = p.job_key \
+             WHERE p.partition_count IS NOT NULL AND p.partition_of IS NULL \
+               AND f.started_at < c.finished_at",
+        )
+        .await;
+    assert_eq!(
+        early, 0,
+        "a final step started before a partition of its run finished"
+    );
+    rig.check("partitions", taken_over).await;
 }

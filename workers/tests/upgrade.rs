@@ -619,7 +619,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         "{out}"
     );
 
-    check_settlement(d.pool()).await;
+    check_settlement(d.pool(), 7).await;
     check_runs(d.pool(), &d1, &key_a, &key_b).await;
 
     // Both takeovers happened as arranged: old-0's attempt expired and
@@ -687,6 +687,73 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         (status.as_str(), operator.as_str(), addr),
         ("SKIPPED", "old-release", None)
     );
+
+    // Partitioned runs (migration 20261204000002): the previous release's
+    // worker never claims a partition or a parent, whose steps it does not
+    // know. This release enqueues the 10th in 3 partitions (its own file:
+    // the previous release's parser does not know the key); then the
+    // previous release enqueues the 11th. Once old-3 has settled the 11th,
+    // it has passed over the earlier-due partitions, which are untouched;
+    // a worker of this release then runs them and the final step.
+    for i in [10, 11] {
+        common::seed_orders(d.pool(), day(i), i64::from(i) * 1_000_000, 300).await;
+    }
+    let shared = d.config.clone();
+    d.config = d.dir.join("partitioned.toml");
+    std::fs::write(
+        &d.config,
+        std::fs::read_to_string(&shared).unwrap().replace(
+            "[jobs.daily-settlement]\n",
+            "[jobs.daily-settlement]\npartitions = 3\n",
+        ),
+    )
+    .unwrap();
+    let parted = format!("{JOB}:{}", day(10));
+    let out = d.run_new(&["enqueue", JOB, "--date", &day(10).to_string()]);
+    assert_eq!(out.trim(), format!("enqueued {parted}"));
+    d.config = shared;
+    let whole = format!("{JOB}:{}", day(11));
+    d.run_old(&["enqueue", JOB, "--date", &day(11).to_string()]);
+    d.start_worker(&d.old_bin.clone(), "old-3");
+    d.wait_until("old-3 to settle the 11th", Duration::from_secs(60), || async {
+        scalar(
+            d.pool(),
+            &format!("SELECT count(*) FROM batch_job_run WHERE job_key = '{whole}' AND status = 'SUCCEEDED'"),
+        )
+        .await
+            == 1
+    })
+    .await;
+    let touched = scalar(
+        d.pool(),
+        &format!(
+            "SELECT count(*) FROM batch_job_run WHERE (job_key = '{parted}' OR partition_of = '{parted}') \
+             AND (status <> 'PENDING' OR attempts > 0)"
+        ),
+    )
+    .await;
+    assert_eq!(
+        touched, 0,
+        "the previous release claimed part of a partitioned run"
+    );
+    inspect(&d, &parted);
+    d.start_worker(Path::new(NEW), "new-3");
+    d.wait_until("new-3 to run the partitioned 10th", Duration::from_secs(60), || async {
+        scalar(
+            d.pool(),
+            &format!("SELECT count(*) FROM batch_job_run WHERE job_key = '{parted}' AND status = 'SUCCEEDED'"),
+        )
+        .await
+            == 1
+    })
+    .await;
+    d.stop("old-3");
+    d.stop("new-3");
+    for id in ["old-3", "new-3"] {
+        let bad = schema_errors(&d.read_log(id));
+        assert!(bad.is_empty(), "{id} logged errors:\n{}", bad.join("\n"));
+    }
+    check_settlement(d.pool(), 9).await;
 }
 
 /// The previous release's `runs list`, `runs show`, `runs stale` and
@@ -711,7 +778,7 @@ fn inspect(d: &Deploy, key: &str) {
 /// The settlement oracle: each source order settled exactly once, under its
 /// own business date in Seoul, with its merchant and amount; per-date and
 /// per-merchant totals equal to the source.
-async fn check_settlement(pool: &PgPool) {
+async fn check_settlement(pool: &PgPool, days: usize) {
     let not_once = scalar(
         pool,
         "SELECT count(*) FROM orders o \
@@ -742,7 +809,7 @@ async fn check_settlement(pool: &PgPool) {
     )
     .await;
     assert_eq!(settled, source, "per-date totals");
-    assert_eq!(source.len(), 7);
+    assert_eq!(source.len(), days);
     let by_merchant = |sql: &'static str| async move {
         sqlx::query_as::<_, (String, i64, i64, i64)>(sql)
             .fetch_all(pool)

@@ -157,6 +157,23 @@ test('the context is read and every bad variable is one clear error', () => {
     [{ BATCHONCE_PERIOD_END: '2026-09-15T25:00:00Z' }, /BATCHONCE_PERIOD_END/],
     [{ BATCHONCE_LEASE_TTL_MS: '30s' }, /BATCHONCE_LEASE_TTL_MS is "30s"/],
   ];
+  // The same partition as the database's batchonce_partition (values read
+  // off PostgreSQL; the database test below compares many more).
+  assert.deepEqual([batchonce.partitionOf('order-1', 4), batchonce.partitionOf('1', 4), batchonce.partitionOf('2', 4)], [2, 1, 2]);
+  assert.throws(() => batchonce.partitionOf('x', 0), RangeError);
+  // A partition of a partitioned run, and its final step.
+  const part = batchonce.context({ ...env, BATCHONCE_JOB_KEY: 'invoices:2026-09-15.p3', BATCHONCE_STEP: 'partition', BATCHONCE_PARTITION: '3', BATCHONCE_PARTITIONS: '4' });
+  assert.deepEqual([part.step, part.partition, part.partitions], ['partition', 3, 4]);
+  const fin = batchonce.context({ ...env, BATCHONCE_STEP: 'final', BATCHONCE_PARTITIONS: '4' });
+  assert.deepEqual([fin.step, fin.partition, fin.partitions], ['final', null, 4]);
+  assert.deepEqual([ctx.step, ctx.partition, ctx.partitions], ['whole', null, null]);
+  bad.push(
+    [{ BATCHONCE_STEP: 'half' }, /BATCHONCE_STEP is "half"/],
+    [{ BATCHONCE_STEP: 'final' }, /BATCHONCE_PARTITIONS is not set/],
+    [{ BATCHONCE_STEP: 'partition', BATCHONCE_PARTITIONS: '4', BATCHONCE_PARTITION: '5', BATCHONCE_JOB_KEY: 'invoices:2026-09-15.p5' }, /BATCHONCE_PARTITION \(5\) is more than/],
+    [{ BATCHONCE_STEP: 'partition', BATCHONCE_PARTITIONS: '4', BATCHONCE_PARTITION: '2' }, /does not match BATCHONCE_STEP partition/],
+    [{ BATCHONCE_JOB_KEY: 'invoices:2026-09-15.p0' }, /BATCHONCE_JOB_KEY/],
+  );
   for (const [change, message] of bad) {
     const e = { ...env, ...change };
     for (const [k, v] of Object.entries(change)) if (v === undefined) delete e[k];
@@ -424,4 +441,15 @@ test('on SIGTERM the script stops at its next chunk boundary and exits promptly'
   assert.match(r.err, /stopped: the worker is shutting down/);
   assert.ok(stoppedAt > began);
   assert.ok(Date.now() - stoppedAt < 2000, 'exited within 2 s of SIGTERM');
+});
+
+test('partitionOf agrees with the database for a thousand keys', db, async () => {
+  const c = await connect();
+  try {
+    const { rows } = await c.query(
+      "SELECT k, n, batchonce_partition(k, n) AS p FROM generate_series(1, 1000) g, LATERAL (SELECT 'item-' || g || '-ü' AS k, 1 + g % 256 AS n) x");
+    for (const r of rows) assert.equal(batchonce.partitionOf(r.k, r.n), r.p, r.k);
+  } finally {
+    await c.end();
+  }
 });

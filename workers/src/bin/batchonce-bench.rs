@@ -401,8 +401,10 @@ const PROVIDER_LATENCY: Duration = Duration::from_millis(50);
 /// `notification-send` against a local webhook that answers every message
 /// in [`PROVIDER_LATENCY`]: messages per second at `send_concurrency` 1 and
 /// 32, each next to what the provider's latency allows at that concurrency
-/// (concurrency / latency), the baseline of this scenario.
-async fn send(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
+/// (concurrency / latency), the baseline of this scenario; then one date in
+/// 4 partitions over 1, 2 and 4 worker processes, next to what the
+/// provider allows for that many partitions in flight.
+async fn send(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json::Value> {
     let app = axum::Router::new().route(
         "/notify",
         axum::routing::post(|| async {
@@ -477,9 +479,65 @@ async fn send(pool: &PgPool, size: Size) -> anyhow::Result<serde_json::Value> {
             "ratio": (rate / allowed * 100.0).round() / 100.0,
         }));
     }
+    // One date in 4 partitions, over 1, 2 and 4 worker processes that each
+    // run one partition at a time with `send_concurrency` calls in flight.
+    let (n, concurrency) = if size == Size::Full {
+        (20_000i64, 32u32)
+    } else {
+        (200, 8)
+    };
+    let mut partitioned = Vec::new();
+    for (i, procs) in [1usize, 2, 4].into_iter().enumerate() {
+        let date = NaiveDate::from_ymd_opt(2026, 10, 10 + i as u32).unwrap_or_default();
+        sqlx::query(
+            "INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body) \
+             SELECT $1, 'bench', g, 'email', 'c' || g || '@example.com', 'Hello ' || g \
+             FROM generate_series(1, $2) g",
+        )
+        .bind(date)
+        .bind(n)
+        .execute(pool)
+        .await?;
+        let text = format!(
+            "[jobs.notification-send]\nsender = \"webhook\"\nwebhook_url = \"http://{addr}/notify\"\n\
+             webhook_allow_http = true\nchunk_size = 500\nsend_concurrency = {concurrency}\nlease_ttl = \"30s\"\n\
+             partitions = 4\n[jobs.inventory-sync]\nenabled = false\n"
+        );
+        let kinds = batchonce_workers::registry().default_configs();
+        let cfg = Config::parse(&text, "bench.toml", &kinds)?
+            .job(&name)
+            .cloned()
+            .unwrap_or_default();
+        let key = JobKey::daily(&name, date);
+        queue::enqueue(pool, &[NewRun::new(key.clone(), date, &cfg)?], Clock::Db).await?;
+        let started = Instant::now();
+        let workers = WorkerProcesses::start(url, &text, "bench-send", procs)?;
+        workers
+            .wait_status(pool, key.as_str(), Duration::from_secs(1200))
+            .await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        workers.stop().await;
+        let rate = n as f64 / elapsed;
+        let allowed = (procs as f64) * f64::from(concurrency) / PROVIDER_LATENCY.as_secs_f64();
+        eprintln!(
+            "send {n} in 4 partitions over {procs} process(es) at send_concurrency {concurrency}: \
+             {rate:.0}/s, the provider allows {allowed:.0}/s, ratio {:.2}",
+            rate / allowed
+        );
+        partitioned.push(json!({
+            "worker_processes": procs,
+            "partitions": 4,
+            "send_concurrency": concurrency,
+            "messages": n,
+            "messages_per_s": (rate * 10.0).round() / 10.0,
+            "provider_allows_per_s": allowed.round(),
+            "ratio": (rate / allowed * 100.0).round() / 100.0,
+        }));
+    }
     server.abort();
     Ok(json!({
         "scenario": "send",
+        "partitioned": partitioned,
         "provider_latency_ms": PROVIDER_LATENCY.as_millis() as u64,
         "results": results,
     }))
@@ -523,82 +581,145 @@ async fn settle(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_js
     sqlx::raw_sql("TRUNCATE settlement_item, settlement_summary")
         .execute(pool)
         .await?;
-    // The framework: a real worker process, chunked and fenced.
-    let exe = std::env::current_exe()?.with_file_name("batchonce");
-    let cfg = std::env::temp_dir().join(format!("bench-settle-{}.toml", std::process::id()));
-    std::fs::write(&cfg, "[jobs.daily-settlement]\nchunk_size = 5000\nlease_ttl = \"60s\"\n[jobs.inventory-sync]\nenabled = false\n")?;
-    let key = format!("daily-settlement:{date}");
-    queue::enqueue(
-        pool,
-        &[NewRun::new(
-            JobKey::parse(&key)?,
-            date,
-            &settlement::DailySettlement.default_config(),
-        )?],
-        Clock::Db,
-    )
-    .await?;
-    let t = Instant::now();
-    let mut child = tokio::process::Command::new(&exe)
-        .env("DATABASE_URL", url)
-        .arg("--config")
-        .arg(&cfg)
-        .args([
-            "worker",
-            "--concurrency",
-            "1",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--worker-id",
-            "bench-settle",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", exe.display()))?;
-    let pid = child.id().unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let s: String = sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
-            .bind(&key)
-            .fetch_one(pool)
-            .await?;
-        if s == "SUCCEEDED" {
-            break;
-        }
-        if s == "FAILED" || Instant::now() > deadline {
-            bail!("settlement ended {s}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let secs = t.elapsed().as_secs_f64();
-    let rss_kb = peak_rss_kb(pid).unwrap_or(0);
-    if let Some(id) = child.id() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(id as i32),
-            nix::sys::signal::Signal::SIGTERM,
+    // The framework: real worker processes, chunked and fenced; the whole
+    // run in one process, then the run in 4 partitions over 1, 2 and 4
+    // processes of one run each (`--concurrency 1`).
+    let rounds: &[(u16, usize)] = &[(1, 1), (4, 1), (4, 2), (4, 4)];
+    let mut results = Vec::new();
+    for &(partitions, procs) in rounds {
+        sqlx::raw_sql(
+            "TRUNCATE settlement_item, settlement_summary; \
+             DELETE FROM batch_job_attempt WHERE job_key LIKE 'daily-settlement:%'; \
+             DELETE FROM batch_job_run WHERE job_name = 'daily-settlement' AND partition_of IS NOT NULL; \
+             DELETE FROM batch_job_run WHERE job_name = 'daily-settlement'",
+        )
+        .execute(pool)
+        .await?;
+        let text = format!(
+            "[jobs.daily-settlement]\nchunk_size = 5000\nlease_ttl = \"60s\"\npartitions = {partitions}\n\
+             [jobs.inventory-sync]\nenabled = false\n"
         );
+        let kinds = batchonce_workers::registry().default_configs();
+        let job = Config::parse(&text, "bench.toml", &kinds)?
+            .job(&settlement::DailySettlement.name())
+            .cloned()
+            .unwrap_or_default();
+        let key = format!("daily-settlement:{date}");
+        queue::enqueue(
+            pool,
+            &[NewRun::new(JobKey::parse(&key)?, date, &job)?],
+            Clock::Db,
+        )
+        .await?;
+        let t = Instant::now();
+        let workers = WorkerProcesses::start(url, &text, "bench-settle", procs)?;
+        workers
+            .wait_status(pool, &key, Duration::from_secs(1800))
+            .await?;
+        let secs = t.elapsed().as_secs_f64();
+        let rss_kb = workers.peak_rss_kb();
+        workers.stop().await;
+        let v = settlement::verify(pool, tz, date).await?;
+        if !v.ok {
+            bail!("settlement is wrong: {}", v.detail);
+        }
+        let rate = n as f64 / secs;
+        eprintln!(
+            "settle {n} in {partitions} partition(s) over {procs} process(es): {rate:.0} items/s (worker start included), \
+             set-based INSERT {base:.0} items/s, ratio {:.2}, worker peak RSS {:.1} MiB",
+            rate / base,
+            rss_kb as f64 / 1024.0
+        );
+        results.push(json!({
+            "partitions": partitions, "worker_processes": procs,
+            "items_per_s": rate.round(), "ratio": (rate / base * 100.0).round() / 100.0,
+            "worker_peak_rss_mib": (rss_kb as f64 / 1024.0 * 10.0).round() / 10.0,
+        }));
     }
-    let _ = child.wait().await;
-    let _ = std::fs::remove_file(&cfg);
-    let v = settlement::verify(pool, tz, date).await?;
-    if !v.ok {
-        bail!("settlement is wrong: {}", v.detail);
-    }
-    let rate = n as f64 / secs;
-    eprintln!(
-        "settle {n}: {rate:.0} items/s (worker start included), set-based INSERT {base:.0} items/s, ratio {:.2}, worker peak RSS {:.1} MiB",
-        rate / base,
-        rss_kb as f64 / 1024.0
-    );
     Ok(json!({
-        "scenario": "settle", "orders": n,
-        "items_per_s": rate.round(), "baseline_items_per_s": base.round(),
-        "ratio": (rate / base * 100.0).round() / 100.0,
-        "worker_peak_rss_mib": (rss_kb as f64 / 1024.0 * 10.0).round() / 10.0,
+        "scenario": "settle", "orders": n, "baseline_items_per_s": base.round(),
+        "results": results,
     }))
+}
+
+/// `batchonce worker` processes of the binary next to this one, each with
+/// `--concurrency 1` and a configuration file of its own text.
+struct WorkerProcesses {
+    children: Vec<tokio::process::Child>,
+    cfg: std::path::PathBuf,
+}
+
+impl WorkerProcesses {
+    fn start(url: &str, config: &str, id: &str, n: usize) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?.with_file_name("batchonce");
+        let cfg = std::env::temp_dir().join(format!("{id}-{}-{n}.toml", std::process::id()));
+        std::fs::write(&cfg, config)?;
+        let children = (0..n)
+            .map(|i| {
+                tokio::process::Command::new(&exe)
+                    .env("DATABASE_URL", url)
+                    .arg("--config")
+                    .arg(&cfg)
+                    .args(["worker", "--concurrency", "1", "--poll-interval", "50ms"])
+                    .args([
+                        "--metrics-addr",
+                        "127.0.0.1:0",
+                        "--worker-id",
+                        &format!("{id}-{i}"),
+                    ])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .with_context(|| format!("cannot start {}", exe.display()))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Self { children, cfg })
+    }
+
+    /// Waits until run `key` SUCCEEDED; fails if it FAILED or took too long.
+    async fn wait_status(&self, pool: &PgPool, key: &str, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let s: String =
+                sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
+                    .bind(key)
+                    .fetch_one(pool)
+                    .await?;
+            if s == "SUCCEEDED" {
+                return Ok(());
+            }
+            if s == "FAILED" || s == "SKIPPED" || Instant::now() > deadline {
+                bail!("{key} ended {s}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The largest peak RSS among the processes.
+    fn peak_rss_kb(&self) -> u64 {
+        self.children
+            .iter()
+            .filter_map(|c| c.id().and_then(peak_rss_kb))
+            .max()
+            .unwrap_or(0)
+    }
+
+    async fn stop(mut self) {
+        for c in &self.children {
+            if let Some(id) = c.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(id as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        for c in &mut self.children {
+            let _ = c.wait().await;
+        }
+        let _ = std::fs::remove_file(&self.cfg);
+    }
 }
 
 async fn database() -> anyhow::Result<(String, Option<batchonce::ops::embedded::Cluster>)> {
@@ -718,7 +839,7 @@ async fn run() -> anyhow::Result<()> {
             println!("{}", settle(&pool, &url, size).await?);
         }
         if all || scenario == Scenario::Send {
-            println!("{}", send(&pool, size).await?);
+            println!("{}", send(&pool, &url, size).await?);
         }
         pool.close().await;
         Ok::<_, anyhow::Error>(())

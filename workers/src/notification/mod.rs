@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use batchonce::config::{KindOptions, OptionError};
+use batchonce::queue::Step;
 use batchonce::{Job, JobConfig, JobContext, JobDemo, JobError, JobName, Outcome, Verification};
 use chrono::NaiveDate;
 use sqlx::migrate::Migrator;
@@ -273,6 +274,7 @@ impl Job for NotificationSend {
                 check: Some(check_options),
                 values: toml::Table::new(),
             },
+            partitionable: true,
             ..JobConfig::default()
         }
     }
@@ -290,46 +292,80 @@ impl Job for NotificationSend {
     }
 
     async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        // A partition claims and sends its own deliveries (the idempotency
+        // key decides which are its own); the final step judges the date's
+        // rejections once, after all of them.
+        let part = match ctx.step {
+            Step::Whole => None,
+            Step::Partition { no, count } => Some((i32::from(no), i32::from(count))),
+            Step::Final { .. } => return judge(ctx, None).await,
+        };
         let sender = self.sender(&ctx.config.options)?;
-        let requests = claim_deliveries(ctx).await?;
+        let requests = claim_deliveries(ctx, part).await?;
+        if requests == 0 && part.is_some() {
+            return Ok(Outcome::Succeeded);
+        }
         if requests == 0 {
             return Ok(Outcome::Skipped(format!(
                 "no notification requests for {}",
                 ctx.business_date
             )));
         }
-        let transient = send_pending(ctx, sender.as_ref()).await?;
-        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
-        let (failed, total): (i64, i64) = batchonce::db::query_as(
-            "SELECT count(*) FILTER (WHERE state = 'failed'), count(*) \
-             FROM notification_delivery WHERE business_date = $1",
-        )
-        .bind(ctx.business_date)
-        .fetch_one(stmt.conn())
-        .await?;
-        stmt.done().await?;
-        if let Some(max) = ctx.config.max_item_failures {
-            if failed as u64 > max {
-                return Err(JobError::Fatal(format!(
-                    "{failed} of {total} deliveries for {} were rejected, more than max_item_failures = {max}; \
-                     see notification_delivery.last_error, correct the requests, then `batchonce runs rerun` \
-                     (a corrected request is sent again)",
-                    ctx.business_date
-                )));
-            }
+        let transient = send_pending(ctx, sender.as_ref(), part).await?;
+        if part.is_some() {
+            return match transient {
+                Some((n, last)) => Err(JobError::Retryable(format!(
+                    "{n} deliveries could not be sent yet and stay pending (last error: {last})"
+                ))),
+                None => Ok(Outcome::Succeeded),
+            };
         }
-        if let Some((n, last)) = transient {
-            return Err(JobError::Retryable(format!(
-                "{n} deliveries could not be sent yet and stay pending (last error: {last})"
+        judge(ctx, transient).await
+    }
+}
+
+/// A date's verdict: more rejections than `max_item_failures` is fatal,
+/// deliveries still pending after transient errors are retried, and
+/// otherwise the run succeeded (the final step of a partitioned run with no
+/// requests at all is skipped).
+async fn judge(ctx: &JobContext, transient: Option<(u64, String)>) -> Result<Outcome, JobError> {
+    let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+    let (failed, total): (i64, i64) = batchonce::db::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'failed'), count(*) \
+         FROM notification_delivery WHERE business_date = $1",
+    )
+    .bind(ctx.business_date)
+    .fetch_one(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    if let Some(max) = ctx.config.max_item_failures {
+        if failed as u64 > max {
+            return Err(JobError::Fatal(format!(
+                "{failed} of {total} deliveries for {} were rejected, more than max_item_failures = {max}; \
+                 see notification_delivery.last_error, correct the requests, then `batchonce runs rerun` \
+                 (a corrected request is sent again)",
+                ctx.business_date
             )));
         }
-        Ok(Outcome::Succeeded)
     }
+    if let Some((n, last)) = transient {
+        return Err(JobError::Retryable(format!(
+            "{n} deliveries could not be sent yet and stay pending (last error: {last})"
+        )));
+    }
+    if total == 0 {
+        return Ok(Outcome::Skipped(format!(
+            "no notification requests for {}",
+            ctx.business_date
+        )));
+    }
+    Ok(Outcome::Succeeded)
 }
 
 /// Step 1: one pending delivery per request of the date, chunk by chunk.
 /// Returns how many requests the date has.
-async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
+async fn claim_deliveries(ctx: &JobContext, part: Option<(i32, i32)>) -> Result<i64, JobError> {
+    let (no, count) = part.unwrap_or((0, 0));
     let chunk = i64::from(ctx.config.chunk_size);
     let mut after = i64::MIN;
     let mut requests = 0;
@@ -344,6 +380,7 @@ async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
                 SELECT request_id, business_date, campaign, customer_id, channel, address, body
                 FROM notification_request
                 WHERE business_date = $1 AND request_id > $2
+                  AND ($6 = 0 OR batchonce_partition({IDEMPOTENCY_KEY_SQL}, $6) = $7)
                 ORDER BY request_id
                 LIMIT $3
             ), latest AS (
@@ -383,6 +420,8 @@ async fn claim_deliveries(ctx: &JobContext) -> Result<i64, JobError> {
         .bind(chunk)
         .bind(ctx.key.as_str())
         .bind(ctx.lease_token)
+        .bind(count)
+        .bind(no)
         .fetch_one(tx.conn())
         .await?;
         let last_id: Option<i64> = row.try_get("last_id")?;
@@ -426,7 +465,9 @@ struct Pending {
 async fn send_pending(
     ctx: &JobContext,
     sender: &dyn Sender,
+    part: Option<(i32, i32)>,
 ) -> Result<Option<(u64, String)>, JobError> {
+    let (no, count) = part.unwrap_or((0, 0));
     let chunk = i64::from(ctx.config.chunk_size);
     let limit = ctx
         .config
@@ -451,11 +492,14 @@ async fn send_pending(
             "SELECT delivery_id, idempotency_key, campaign, customer_id, channel, address, body \
              FROM notification_delivery \
              WHERE business_date = $1 AND state = 'pending' AND delivery_id > $2 \
+               AND ($4 = 0 OR batchonce_partition(idempotency_key, $4) = $5) \
              ORDER BY delivery_id LIMIT $3",
         )
         .bind(ctx.business_date)
         .bind(after)
         .bind(chunk)
+        .bind(count)
+        .bind(no)
         .fetch_all(stmt.conn())
         .await?;
         stmt.done().await?;

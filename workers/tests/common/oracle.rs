@@ -26,7 +26,8 @@ pub struct Settled {
     pub twice: i64,
     /// Items whose run's stored period does not contain the order's payment
     /// time, or whose business date is not that run's date, or whose run
-    /// does not exist.
+    /// does not exist, or that a partition wrote for an order of another
+    /// partition.
     pub wrong_run: i64,
     /// Items whose token is not the token of an attempt of their own run.
     pub foreign_token: i64,
@@ -119,6 +120,7 @@ pub async fn settlement(pool: &PgPool) -> Settled {
                    (period_start AT TIME ZONE timezone)::date AS business_date
             FROM batch_job_run
             WHERE job_name = 'daily-settlement' AND period_start IS NOT NULL
+              AND partition_of IS NULL
         ),
         scope AS (
             SELECT o.order_id, o.merchant_id, o.amount_minor, r.job_key, r.business_date
@@ -139,7 +141,12 @@ pub async fn settlement(pool: &PgPool) -> Settled {
           (SELECT count(*) FROM items i
             WHERE NOT EXISTS (
               SELECT 1 FROM scope s WHERE s.order_id = i.order_id
-                AND s.job_key = i.job_key AND s.business_date = i.business_date)),
+                AND s.business_date = i.business_date
+                AND (s.job_key = i.job_key
+                     -- Or the partition of that run the order belongs to.
+                     OR EXISTS (SELECT 1 FROM batch_job_run p
+                       WHERE p.job_key = i.job_key AND p.partition_of = s.job_key
+                         AND batchonce_partition(i.order_id::text, p.partition_count) = p.partition_no)))),
           (SELECT count(*) FROM items i
             WHERE NOT EXISTS (SELECT 1 FROM batch_job_attempt a
               WHERE a.job_key = i.job_key AND a.lease_token = i.lease_token)),

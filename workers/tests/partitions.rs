@@ -1,0 +1,569 @@
+//! Partitioned runs (issue 23) against real PostgreSQL: one business date
+//! of `daily-settlement` split over four partitions and two workers, with
+//! the summary written once by the final step; a poisoned partition fails
+//! the run alone and a rerun redoes only it; the partitioning stays the one
+//! the run was enqueued with; `notification-send` judges the date's
+//! rejections once, after its partitions; a command job gets its step in the
+//! environment; and a kind that cannot split a run refuses `partitions`.
+
+use std::time::Duration;
+
+use batchonce::config::Config;
+use batchonce::queue::{self, Action, NewRun, OperatorRequest};
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
+use batchonce::testing::{wait_for_status, TestDb};
+use batchonce::{Clock, JobKey, JobName, Registry};
+use batchonce_workers::notification::{self, NotificationSend, OutboxSender};
+use batchonce_workers::settlement::{self, DailySettlement};
+use chrono::NaiveDate;
+use sqlx::PgPool;
+
+mod common;
+
+const KEY: &str = "daily-settlement:2026-09-15";
+
+fn date() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2026, 9, 15).unwrap()
+}
+
+async fn db() -> TestDb {
+    TestDb::new(&batchonce_workers::migrations()).await
+}
+
+fn settlement_config(extra: &str) -> Config {
+    let kinds = Registry::new().register(DailySettlement).default_configs();
+    let text = format!(
+        "[jobs.daily-settlement]\ntimezone = \"Asia/Seoul\"\nchunk_size = 50\nlease_ttl = \"5s\"\n\
+         backoff = \"100ms\"\nbackoff_max = \"200ms\"\nmax_attempts = 3\n{extra}"
+    );
+    Config::parse(&text, "test.toml", &kinds).unwrap()
+}
+
+async fn enqueue(pool: &PgPool, config: &Config, key: &str) {
+    let job = config
+        .job(&JobName::parse(key.split_once(':').unwrap().0).unwrap())
+        .unwrap();
+    let report = queue::enqueue(
+        pool,
+        &[NewRun::new(JobKey::parse(key).unwrap(), date(), job).unwrap()],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.enqueued.len(), 1);
+}
+
+/// In-process workers of one registry and configuration.
+struct Workers {
+    signals: Shutdown,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(db: &TestDb, registry: impl Fn() -> Registry, config: &Config, ids: &[&str]) -> Self {
+        let signals = Shutdown::default();
+        let handles = ids
+            .iter()
+            .map(|id| {
+                let mut opts = WorkerOptions::new(*id);
+                opts.poll_interval = Duration::from_millis(100);
+                opts.concurrency = 2;
+                tokio::spawn(worker::run(
+                    registry(),
+                    config.clone(),
+                    db.pool.clone(),
+                    db.pool.clone(),
+                    opts,
+                    signals.clone(),
+                ))
+            })
+            .collect();
+        Self { signals, handles }
+    }
+
+    async fn stop(self) {
+        self.signals.shutdown.cancel();
+        for h in self.handles {
+            h.await.unwrap();
+        }
+    }
+}
+
+/// (key, status, attempts, processed) of a run and its partitions, in key order.
+async fn rows(pool: &PgPool, parent: &str) -> Vec<(String, String, i32, i64)> {
+    sqlx::query_as(
+        "SELECT job_key, status, attempts, processed_count FROM batch_job_run \
+         WHERE job_key = $1 OR partition_of = $1 ORDER BY job_key",
+    )
+    .bind(parent)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_date_split_over_two_workers_settles_each_order_once_and_summarizes_once() {
+    let db = db().await;
+    common::seed_orders(&db.pool, date(), 0, 2_000).await;
+    let config = settlement_config("partitions = 4");
+    enqueue(&db.pool, &config, KEY).await;
+    let runs = rows(&db.pool, KEY).await;
+    assert_eq!(
+        runs.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        [
+            KEY,
+            "daily-settlement:2026-09-15.p1",
+            "daily-settlement:2026-09-15.p2",
+            "daily-settlement:2026-09-15.p3",
+            "daily-settlement:2026-09-15.p4"
+        ],
+        "the partitions are inserted with the run"
+    );
+    // A second enqueue of the same period is a duplicate, partitions included.
+    let again = queue::enqueue(
+        &db.pool,
+        &[NewRun::new(
+            JobKey::parse(KEY).unwrap(),
+            date(),
+            config
+                .job(&JobName::parse(settlement::NAME).unwrap())
+                .unwrap(),
+        )
+        .unwrap()],
+        Clock::Db,
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.duplicates.len(), 1);
+    assert_eq!(rows(&db.pool, KEY).await.len(), 5);
+
+    let workers = Workers::start(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-a", "w-b"],
+    );
+    wait_for_status(
+        &db.pool,
+        Some(KEY),
+        &["SUCCEEDED", "FAILED"],
+        Duration::from_secs(60),
+    )
+    .await;
+    workers.stop().await;
+
+    let runs = rows(&db.pool, KEY).await;
+    assert!(runs.iter().all(|r| r.1 == "SUCCEEDED"), "{runs:?}");
+    // The final step ran once, and wrote no item of its own.
+    assert_eq!(runs[0].2, 1, "{runs:?}");
+    assert_eq!(runs[0].3, 0, "{runs:?}");
+    assert_eq!(
+        runs[1..].iter().map(|r| r.3).sum::<i64>(),
+        2_000,
+        "{runs:?}"
+    );
+    assert!(
+        runs[1..].iter().all(|r| r.3 > 0),
+        "every partition has orders: {runs:?}"
+    );
+    // Every item was written by the partition its order belongs to, under
+    // that partition's token, and the summaries match the orders.
+    common::oracle::settlement(&db.pool)
+        .await
+        .assert_holds("four partitions");
+    let under_parent: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM settlement_item WHERE job_key = $1")
+            .bind(KEY)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(under_parent, 0);
+    assert!(
+        settlement::verify(&db.pool, chrono_tz::Asia::Seoul, date())
+            .await
+            .unwrap()
+            .ok
+    );
+    // The views count the run once and its partitions apart.
+    let st = queue::status(&db.pool, Clock::Db).await.unwrap();
+    assert_eq!(
+        st.counts.iter().map(|c| c.runs).sum::<i64>(),
+        1,
+        "{:?}",
+        st.counts
+    );
+    assert_eq!(
+        st.partitions.iter().map(|c| c.runs).sum::<i64>(),
+        4,
+        "{:?}",
+        st.partitions
+    );
+    let listed = queue::list_runs(&db.pool, None, None, 100).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].step, queue::Step::Final { count: 4 });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_partition_fails_the_run_and_a_rerun_redoes_only_that_partition() {
+    let db = db().await;
+    common::seed_orders(&db.pool, date(), 0, 1_000).await;
+    // One order with a negative amount: its partition fails at once.
+    let poisoned: i64 = 437;
+    sqlx::query("UPDATE orders SET amount_minor = -5 WHERE order_id = $1")
+        .bind(poisoned)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let bad_part: i32 = sqlx::query_scalar("SELECT batchonce_partition($1::text, 4)")
+        .bind(poisoned.to_string())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let bad_key = format!("{KEY}.p{bad_part}");
+    let config = settlement_config("partitions = 4");
+    enqueue(&db.pool, &config, KEY).await;
+    let workers = Workers::start(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-a", "w-b"],
+    );
+    wait_for_status(&db.pool, Some(KEY), &["FAILED"], Duration::from_secs(60)).await;
+    // The other partitions finish on their own.
+    batchonce::testing::wait_until(
+        "the healthy partitions to succeed",
+        Duration::from_secs(60),
+        || async {
+            rows(&db.pool, KEY).await[1..]
+                .iter()
+                .filter(|r| r.1 == "SUCCEEDED")
+                .count()
+                == 3
+        },
+    )
+    .await;
+    workers.stop().await;
+    let runs = rows(&db.pool, KEY).await;
+    let message: String =
+        sqlx::query_scalar("SELECT error_message FROM batch_job_run WHERE job_key = $1")
+            .bind(KEY)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "partition {bad_part} of 4 failed: order {poisoned} has a negative amount"
+        )),
+        "{message}"
+    );
+    assert_eq!(runs[0].2, 0, "no final step ran: {runs:?}");
+    let bad = runs.iter().find(|r| r.0 == bad_key).unwrap();
+    assert_eq!((bad.1.as_str(), bad.2, bad.3), ("FAILED", 1, 0), "{runs:?}");
+    let healthy: Vec<_> = runs[1..]
+        .iter()
+        .filter(|r| r.0 != bad_key)
+        .cloned()
+        .collect();
+    assert!(
+        healthy.iter().all(|r| r.1 == "SUCCEEDED" && r.2 == 1),
+        "{runs:?}"
+    );
+    let items_before: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT order_id, lease_token FROM settlement_item ORDER BY order_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+
+    // Fix the data; re-run the run (not the partition): only the FAILED
+    // partition runs again, then the final step.
+    sqlx::query("UPDATE orders SET amount_minor = 5 WHERE order_id = $1")
+        .bind(poisoned)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let req = OperatorRequest {
+        action: Action::Rerun,
+        key: JobKey::parse(KEY).unwrap(),
+        operator: "alice".into(),
+        reason: "fixed order 437".into(),
+        force: false,
+        stale_after: Duration::from_secs(3600),
+        max_attempts: 3,
+    };
+    queue::apply_action(&db.pool, &req, Clock::Db)
+        .await
+        .unwrap()
+        .unwrap();
+    let runs = rows(&db.pool, KEY).await;
+    assert_eq!(runs[0].1, "PENDING");
+    assert!(runs
+        .iter()
+        .filter(|r| r.0 != KEY && r.0 != bad_key)
+        .all(|r| r.1 == "SUCCEEDED"));
+    assert_eq!(runs.iter().find(|r| r.0 == bad_key).unwrap().1, "PENDING");
+
+    let workers = Workers::start(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-c"],
+    );
+    wait_for_status(&db.pool, Some(KEY), &["SUCCEEDED"], Duration::from_secs(60)).await;
+    workers.stop().await;
+    let after = rows(&db.pool, KEY).await;
+    for (b, a) in runs.iter().zip(&after) {
+        if b.0 == bad_key || b.0 == KEY {
+            assert_eq!(
+                (a.1.as_str(), a.2),
+                ("SUCCEEDED", if b.0 == KEY { 1 } else { 2 }),
+                "{after:?}"
+            );
+        } else {
+            assert_eq!(
+                a,
+                &healthy.iter().find(|h| h.0 == b.0).unwrap().clone(),
+                "untouched: {after:?}"
+            );
+        }
+    }
+    // Nothing the healthy partitions wrote was rewritten.
+    let items_after: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT order_id, lease_token FROM settlement_item ORDER BY order_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    for item in &items_before {
+        assert!(items_after.contains(item), "{item:?} was rewritten");
+    }
+    assert_eq!(items_after.len(), 1_000);
+    common::oracle::settlement(&db.pool)
+        .await
+        .assert_holds("after the rerun");
+    let audit: Vec<(String, String)> =
+        sqlx::query_as("SELECT job_key, action FROM batch_operator_action ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, [(KEY.to_owned(), "rerun".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioning_is_the_one_the_run_was_enqueued_with() {
+    let db = db().await;
+    common::seed_orders(&db.pool, date(), 0, 600).await;
+    enqueue(&db.pool, &settlement_config("partitions = 3"), KEY).await;
+    // The workers' file now says 2 partitions, and then none: the run keeps 3.
+    for extra in ["partitions = 2", ""] {
+        let config = settlement_config(extra);
+        let workers = Workers::start(
+            &db,
+            || Registry::new().register(DailySettlement),
+            &config,
+            &["w"],
+        );
+        wait_for_status(&db.pool, Some(KEY), &["SUCCEEDED"], Duration::from_secs(60)).await;
+        workers.stop().await;
+    }
+    let runs = rows(&db.pool, KEY).await;
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    common::oracle::settlement(&db.pool)
+        .await
+        .assert_holds("three partitions");
+    // A kind that cannot split a run says so when the file is read.
+    let kinds = batchonce_workers::registry().default_configs();
+    let e = Config::parse("[jobs.inventory-sync]\npartitions = 2\n", "t.toml", &kinds)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("jobs.inventory-sync.partitions") && e.contains("cannot split a run"),
+        "{e}"
+    );
+    for bad in ["0", "257", "\"4\""] {
+        let e = Config::parse(
+            &format!("[jobs.daily-settlement]\npartitions = {bad}\n"),
+            "t.toml",
+            &kinds,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("jobs.daily-settlement.partitions"), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notification_partitions_send_once_and_the_final_step_judges_the_date() {
+    let db = db().await;
+    // 300 customers; 5 undeliverable addresses, more than max_item_failures.
+    sqlx::query(
+        "INSERT INTO notification_request (business_date, campaign, customer_id, channel, address, body) \
+         SELECT $1, 'winter', g, 'email', CASE WHEN g % 60 = 0 THEN 'nobody' ELSE 'c' || g || '@example.com' END, 'Hi' \
+         FROM generate_series(1, 300) g",
+    )
+    .bind(date())
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let outbox = batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), "partition-outbox");
+    let kinds = Registry::new()
+        .register(NotificationSend::new())
+        .default_configs();
+    let config = Config::parse(
+        "[jobs.notification-send]\nchunk_size = 20\npartitions = 3\nmax_item_failures = 3\n\
+         backoff = \"100ms\"\nbackoff_max = \"200ms\"\nmax_attempts = 2\n",
+        "t.toml",
+        &kinds,
+    )
+    .unwrap();
+    let key = "notification-send:2026-09-15";
+    enqueue(&db.pool, &config, key).await;
+    let dir = outbox.clone();
+    let workers = Workers::start(
+        &db,
+        move || {
+            Registry::new().register(NotificationSend::with_sender(std::sync::Arc::new(
+                OutboxSender::new(&dir),
+            )))
+        },
+        &config,
+        &["n-a", "n-b"],
+    );
+    wait_for_status(
+        &db.pool,
+        Some(key),
+        &["SUCCEEDED", "FAILED"],
+        Duration::from_secs(60),
+    )
+    .await;
+    workers.stop().await;
+    let runs = rows(&db.pool, key).await;
+    // Every partition did its sends; the final step found 5 rejections > 3.
+    assert!(runs[1..].iter().all(|r| r.1 == "SUCCEEDED"), "{runs:?}");
+    assert_eq!(runs[0].1, "FAILED", "{runs:?}");
+    let message: String =
+        sqlx::query_scalar("SELECT error_message FROM batch_job_run WHERE job_key = $1")
+            .bind(key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(message.starts_with("5 of 300 deliveries"), "{message}");
+    let states: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM notification_delivery GROUP BY state ORDER BY state",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(states, [("failed".to_owned(), 5), ("sent".to_owned(), 295)]);
+    // Each delivery was written by the partition its key belongs to.
+    let misplaced: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_delivery d JOIN batch_job_run r ON r.job_key = d.job_key \
+         WHERE r.partition_no IS DISTINCT FROM batchonce_partition(d.idempotency_key, 3)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(misplaced, 0);
+    let sent: Vec<String> = sqlx::query_scalar(
+        "SELECT idempotency_key FROM notification_delivery WHERE state = 'sent'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let report = notification::outbox_report(&outbox, date(), &sent);
+    assert_eq!(
+        (report.delivered, report.missing, report.second_keys),
+        (295, 0, 0),
+        "{report:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_job_gets_its_step_and_fences_its_partition_alone() {
+    let db = db().await;
+    let dir = batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), "partition-cmd");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // Each step writes down its variables; a partition then tries the fence
+    // with its token on its sibling's key (refused) and on its own (held).
+    let script = dir.join("step.sh");
+    std::fs::write(
+        &script,
+        r#"set -u
+f="$OUT/$BATCHONCE_JOB_KEY"
+env | grep -E '^(BATCHONCE_STEP|BATCHONCE_PARTITIONS?|BATCHONCE_JOB_KEY)=' | sort > "$f"
+if [ "$BATCHONCE_STEP" = partition ]; then
+  other="${BATCHONCE_JOB_KEY%.p*}.p$(( BATCHONCE_PARTITION % BATCHONCE_PARTITIONS + 1 ))"
+  if psql "$DATABASE_URL" -Atq -c "SELECT batchonce_fence('$other', $BATCHONCE_LEASE_TOKEN)" >/dev/null 2>&1
+  then echo "sibling fence: held" >> "$f.fence"; else echo "sibling fence: refused" >> "$f.fence"; fi
+  psql "$DATABASE_URL" -Atq -v ON_ERROR_STOP=1 \
+    -c "SELECT batchonce_fence('$BATCHONCE_JOB_KEY', $BATCHONCE_LEASE_TOKEN)" >/dev/null \
+    && echo "own fence: held" >> "$f.fence"
+fi
+"#,
+    )
+    .unwrap();
+    let cfg = dir.join("batchonce.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.split-report]\npartitions = 2\ncommand = [\"sh\", {:?}]\n\
+             env = {{ OUT = {:?} }}\ndatabase_url_env = \"SPLIT_DATABASE_URL\"\n",
+            script.display().to_string(),
+            out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_batchonce");
+    let base = || {
+        let mut c = std::process::Command::new(bin);
+        c.env("DATABASE_URL", &db.url)
+            .env_remove("BATCHONCE_CONFIG")
+            .arg("--config")
+            .arg(&cfg);
+        c
+    };
+    let o = base()
+        .args(["enqueue", "split-report", "--date", "2026-09-15"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let key = "split-report:2026-09-15";
+    let mut worker = base()
+        .env("SPLIT_DATABASE_URL", &db.url)
+        .args(["worker", "--worker-id", "c-a", "--poll-interval", "100ms"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_status(
+        &db.pool,
+        Some(key),
+        &["SUCCEEDED", "FAILED"],
+        Duration::from_secs(60),
+    )
+    .await;
+    common::sigterm_and_wait(&mut worker);
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
+    assert_eq!(
+        read("split-report:2026-09-15.p2"),
+        "BATCHONCE_JOB_KEY=split-report:2026-09-15.p2\nBATCHONCE_PARTITION=2\nBATCHONCE_PARTITIONS=2\nBATCHONCE_STEP=partition\n"
+    );
+    assert_eq!(
+        read(key),
+        "BATCHONCE_JOB_KEY=split-report:2026-09-15\nBATCHONCE_PARTITIONS=2\nBATCHONCE_STEP=final\n"
+    );
+    assert!(read("split-report:2026-09-15.p1").contains("BATCHONCE_PARTITION=1\n"));
+    for p in ["p1", "p2"] {
+        assert_eq!(
+            read(&format!("split-report:2026-09-15.{p}.fence")),
+            "sibling fence: refused\nown fence: held\n",
+            "{p}: a partition's token fences its own partition only"
+        );
+    }
+    let runs = rows(&db.pool, key).await;
+    assert!(
+        runs.iter().all(|r| r.1 == "SUCCEEDED" && r.2 == 1),
+        "{runs:?}"
+    );
+}
