@@ -50,11 +50,15 @@ CREATE INDEX batch_job_run_partition_of_idx ON batch_job_run (partition_of)
 -- MD5, modulo n. MD5 is the same on every PostgreSQL version and in every
 -- language, so a command job, a Rust kind and SQL agree, and an item never
 -- moves between partitions of a run.
+-- It has no pinned search path, unlike every other function here, so that
+-- the planner inlines it into a partition's scan (a pinned path would make
+-- it a function call per row); it names only pg_catalog's functions, which
+-- are found first whatever the caller's path.
 CREATE FUNCTION batchonce_partition(p_item_key text, p_partitions integer) RETURNS integer
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
-    SELECT (((('x' || substr(md5(p_item_key), 1, 8))::bit(32)::int) & 2147483647)
-            % p_partitions) + 1
+    SELECT ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.md5(p_item_key), 1, 8))::bit(32)::integer
+             OPERATOR(pg_catalog.&) 2147483647) OPERATOR(pg_catalog.%) p_partitions) OPERATOR(pg_catalog.+) 1
 $$;
 
 -- A partitioned parent is enqueued waiting: due at 9999-12-31 until its
@@ -527,7 +531,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = current_schema()::regnamespace
-          AND p.proname IN ('batchonce_partition', 'batch_job_run_partition_parent',
+          AND p.proname IN ('batch_job_run_partition_parent',
                             'batch_job_run_partition_rows', 'batch_job_run_partition_settle',
                             'batchonce_due_runs', 'batchonce_due_runs2', 'batchonce_claim2',
                             'batchonce_enqueue2', 'batchonce_operator_apply',

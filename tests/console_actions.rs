@@ -322,7 +322,12 @@ async fn a_partitioned_run_is_listed_once_and_its_page_shows_its_partitions() {
     .await
     .unwrap();
     let op = c.login("alice").await;
-    let list = c.get_as(&op.cookie, "/runs?job=settle").await.text().await.unwrap();
+    let list = c
+        .get_as(&op.cookie, "/runs?job=settle")
+        .await
+        .text()
+        .await
+        .unwrap();
     assert_eq!(list.matches("href=\"/runs/settle%3A").count(), 1, "{list}");
     let page = c
         .get_as(&op.cookie, "/runs/settle%3A2026-09-15")

@@ -13,7 +13,7 @@
 //! checks the date's orders for a negative `amount_minor` and, if it finds one, returns
 //! `JobError::Fatal` (`order N has a negative amount; …`) before the attempt writes anything: bad
 //! source data fails the run at once instead of being retried. It then runs keyset-paginated chunks
-//! inside fenced transactions, followed by an idempotent summary upsert. It also implements
+//! inside fenced transactions (keyset on `(paid_at, order_id)`, the source index's order), followed by an idempotent summary upsert. It also implements
 //! `JobDemo`, with a seed and a verify that compares count, total, duplicates, wrong-date items and
 //! summary totals against the source. With `partitions = N` a partition settles the orders for
 //! which `batchonce_partition(order_id::text, N)` is its number, and the final step writes the
@@ -87,12 +87,19 @@ impl Job for DailySettlement {
         let (start, end) = (ctx.run.period_start, ctx.run.period_end);
         // Bad source data fails the run at once: retrying cannot fix it, and
         // settling a negative amount would move money the wrong way.
+        // A partition reads only its own orders. The whole run's statements
+        // have no partition condition at all: a condition that is always
+        // true for it would still cost a generic plan its row estimate.
+        let mine = if count > 0 {
+            "AND batchonce_partition(order_id::text, $3) = $4"
+        } else {
+            "AND $3::int = 0 AND $4::int = 0"
+        };
         let mut stmt = batchonce::db::statement(ctx.pool()).await?;
-        let negative: Option<i64> = batchonce::db::query_scalar(
+        let negative: Option<i64> = batchonce::db::query_scalar(&format!(
             "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
-             AND ($3 = 0 OR batchonce_partition(order_id::text, $3) = $4) \
-             ORDER BY order_id LIMIT 1",
-        )
+             {mine} ORDER BY order_id LIMIT 1"
+        ))
         .bind(start)
         .bind(end)
         .bind(count)
@@ -106,8 +113,17 @@ impl Job for DailySettlement {
             )));
         }
         let chunk = i64::from(ctx.run.chunk_size);
-        let mut after = i64::MIN;
+        // Keyset pagination on (paid_at, order_id), the order of
+        // orders_paid_at_idx: each chunk is one range scan of that index,
+        // stopping at the chunk's last row, with no sort, for the whole run
+        // and for a partition (which skips the other partitions' rows).
+        let mut after = (start, i64::MIN);
         let mut first = true;
+        let mine = if count > 0 {
+            "AND batchonce_partition(order_id::text, $9) = $10"
+        } else {
+            "AND $9::int = 0 AND $10::int = 0"
+        };
         // Orders of this window that another run already settled (under
         // another business date): reported, never settled again.
         let mut elsewhere = 0i64;
@@ -123,38 +139,42 @@ impl Job for DailySettlement {
             let mut tx = ctx.fenced().await?;
             // One round trip per chunk: read the next orders by key, insert
             // the missing items, and report how far the chunk reached.
-            let row = batchonce::db::query(
+            let row = batchonce::db::query(&format!(
                 r#"
                 WITH chunk AS (
-                    SELECT order_id, merchant_id, amount_minor
+                    SELECT order_id, merchant_id, amount_minor, paid_at
                     FROM orders
-                    WHERE paid_at >= $1 AND paid_at < $2 AND order_id > $3
-                      AND ($8 = 0 OR batchonce_partition(order_id::text, $8) = $9)
-                    ORDER BY order_id
-                    LIMIT $4
+                    WHERE paid_at >= $1 AND paid_at < $2 AND (paid_at, order_id) > ($3, $4)
+                      {mine}
+                    ORDER BY paid_at, order_id
+                    LIMIT $5
                 ), ins AS (
                     INSERT INTO settlement_item
                         (business_date, order_id, merchant_id, amount_minor, job_key, lease_token)
-                    SELECT $5, order_id, merchant_id, amount_minor, $6, $7 FROM chunk
+                    SELECT $6, order_id, merchant_id, amount_minor, $7, $8 FROM chunk
                     ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
                     RETURNING order_id
                 ), other AS (
                     SELECT i.order_id, i.job_key FROM settlement_item i
                     JOIN chunk c USING (order_id)
                     -- The statement's snapshot: items that existed before it.
-                    WHERE i.business_date <> $5
+                    WHERE i.business_date <> $6
+                ), last AS (
+                    SELECT paid_at, order_id FROM chunk ORDER BY paid_at DESC, order_id DESC LIMIT 1
                 )
-                SELECT (SELECT max(order_id) FROM chunk) AS last_id,
+                SELECT (SELECT paid_at FROM last) AS last_at,
+                       (SELECT order_id FROM last) AS last_id,
                        (SELECT count(*) FROM chunk) AS scanned,
                        (SELECT count(*) FROM ins) AS inserted,
                        (SELECT count(*) FROM other) AS elsewhere,
                        (SELECT min(order_id) FROM other) AS example_order,
                        (SELECT min(job_key) FROM other) AS example_key
-                "#,
-            )
+                "#
+            ))
             .bind(start)
             .bind(end)
-            .bind(after)
+            .bind(after.0)
+            .bind(after.1)
             .bind(chunk)
             .bind(ctx.business_date)
             .bind(ctx.key.as_str())
@@ -163,6 +183,7 @@ impl Job for DailySettlement {
             .bind(no)
             .fetch_one(tx.conn())
             .await?;
+            let last_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("last_at")?;
             let last_id: Option<i64> = row.try_get("last_id")?;
             let scanned: i64 = row.try_get("scanned")?;
             let inserted: i64 = row.try_get("inserted")?;
@@ -177,8 +198,8 @@ impl Job for DailySettlement {
             }
             tx.add_progress(inserted, 0);
             ctx.commit(tx).await?;
-            match last_id {
-                Some(id) if scanned == chunk => after = id,
+            match last_at.zip(last_id) {
+                Some(last) if scanned == chunk => after = last,
                 _ => break,
             }
         }

@@ -201,6 +201,32 @@ async fn one_date_split_over_two_workers_settles_each_order_once_and_summarizes_
     let listed = queue::list_runs(&db.pool, None, None, 100).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].step, queue::Step::Final { count: 4 });
+    let gauges = queue::gauges(&db.pool, &[], Clock::Db).await.unwrap();
+    let (_, g) = gauges
+        .iter()
+        .find(|(j, _)| j.as_str() == settlement::NAME)
+        .unwrap();
+    let of = |v: &[(String, i64)]| v.iter().find(|(s, _)| s == "SUCCEEDED").unwrap().1;
+    assert_eq!((of(&g.runs), of(&g.partitions)), (1, 4));
+    // `runs show` lists the partitions under the run's final step.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_batchonce"))
+        .env("DATABASE_URL", &db.url)
+        .env_remove("BATCHONCE_CONFIG")
+        .args(["runs", "show", KEY])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("partitions:     4 (this run's own attempts are its final step)"),
+        "{text}"
+    );
+    assert!(text.contains("partitions: 4 of 4 succeeded"), "{text}");
+    assert!(text.contains("daily-settlement:2026-09-15.p4"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
