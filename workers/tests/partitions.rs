@@ -4,7 +4,9 @@
 //! the run alone and a rerun redoes only it; the partitioning stays the one
 //! the run was enqueued with; `notification-send` judges the date's
 //! rejections once, after its partitions; a command job gets its step in the
-//! environment; and a kind that cannot split a run refuses `partitions`.
+//! environment and its token fences its own partition only; operator actions
+//! on a run reach its partitions and a partition is stale on its own; and a
+//! kind that cannot split a run refuses `partitions`.
 
 use std::time::Duration;
 
@@ -591,5 +593,111 @@ fi
     assert!(
         runs.iter().all(|r| r.1 == "SUCCEEDED" && r.2 == 1),
         "{runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_on_a_run_reach_its_partitions_and_a_partition_is_stale_on_its_own() {
+    let db = db().await;
+    let config = settlement_config("partitions = 3\non_lease_expiry = \"hold\"");
+    let key = |d: u32| format!("daily-settlement:2026-09-{d:02}");
+    for d in [15, 16] {
+        let job = config
+            .job(&JobName::parse(settlement::NAME).unwrap())
+            .unwrap();
+        let date = NaiveDate::from_ymd_opt(2026, 9, d).unwrap();
+        queue::enqueue(
+            &db.pool,
+            &[NewRun::new(JobKey::parse(&key(d)).unwrap(), date, job).unwrap()],
+            Clock::Db,
+        )
+        .await
+        .unwrap();
+    }
+    let act = |action: Action, k: String, force: bool| {
+        let pool = db.pool.clone();
+        async move {
+            let req = OperatorRequest {
+                action,
+                key: JobKey::parse(&k).unwrap(),
+                operator: "olga".into(),
+                reason: "operator test".into(),
+                force,
+                stale_after: Duration::from_secs(3600),
+                max_attempts: 3,
+            };
+            queue::apply_action(&pool, &req, Clock::Db).await.unwrap()
+        }
+    };
+    let states = |k: String| {
+        let pool = db.pool.clone();
+        async move {
+            rows(&pool, &k)
+                .await
+                .into_iter()
+                .map(|r| r.1)
+                .collect::<Vec<_>>()
+        }
+    };
+    // Claim partition 1 of the 16th, as a worker would, and let its lease
+    // lapse under `hold`: it is stale by its own key, the run is not.
+    let specs = [queue::ClaimSpec {
+        job: JobName::parse(settlement::NAME).unwrap(),
+        lease_ttl: Duration::from_secs(5),
+    }];
+    let later = Clock::At(chrono::Utc::now() + chrono::Duration::hours(1));
+    let claimed = queue::claim(&db.pool, "gone", &specs, 1, Clock::Db)
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].key.as_str(), format!("{}.p1", key(15)));
+    assert_eq!(claimed[0].step, queue::Step::Partition { no: 1, count: 3 });
+    let stale: Vec<String> = queue::stale_runs(&db.pool, later)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.job_key)
+        .collect();
+    assert_eq!(stale, [format!("{}.p1", key(15))]);
+
+    // `fail --force` of the waiting run fails its partitions, fencing the holder.
+    act(Action::Fail, key(15), true).await.unwrap();
+    assert_eq!(states(key(15)).await, ["FAILED"; 4]);
+    let fenced = queue::begin_fenced(
+        &db.pool,
+        &claimed[0].fence(),
+        Duration::from_secs(5),
+        Clock::Db,
+    )
+    .await;
+    assert!(
+        fenced.is_err(),
+        "the old holder of partition 1 can no longer write"
+    );
+    // `rerun` brings back every partition, and the run waits for them.
+    act(Action::Rerun, key(15), false).await.unwrap();
+    assert_eq!(states(key(15)).await, ["PENDING"; 4]);
+    let listed = queue::list_runs(&db.pool, None, None, 10).await.unwrap();
+    assert!(listed.iter().all(queue::is_waiting), "{listed:?}");
+    // `skip` of the other run skips its partitions; none is claimable then.
+    act(Action::Skip, key(16), false).await.unwrap();
+    assert_eq!(states(key(16)).await, ["SKIPPED"; 4]);
+    // An action on one partition is that partition's; the run follows.
+    act(Action::Skip, format!("{}.p2", key(15)), false)
+        .await
+        .unwrap();
+    act(Action::Fail, format!("{}.p3", key(15)), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        states(key(15)).await,
+        ["FAILED", "PENDING", "SKIPPED", "FAILED"]
+    );
+    let audit: i64 = sqlx::query_scalar("SELECT count(*) FROM batch_operator_action")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit, 5,
+        "one audit row per action, the run's or the partition's"
     );
 }
