@@ -309,6 +309,38 @@ BEGIN
 END;
 $$;
 
+-- The operator's check, as before, but for a partitioned run it first locks
+-- the run's partitions (in key order), then the run: the order in which a
+-- partition's own change takes them (its row, then the run's through the
+-- trigger). Locking the run first would deadlock with a partition finishing
+-- at that moment.
+CREATE OR REPLACE FUNCTION batchonce_operator_check(p_key text, p_stale_fallback float8,
+                                                    p_now timestamptz, p_lock boolean)
+RETURNS TABLE (status text, stale boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lock THEN
+        PERFORM 1 FROM batch_job_run r WHERE r.partition_of = p_key
+        ORDER BY r.job_key FOR UPDATE;
+        RETURN QUERY
+        SELECT r.status::text,
+               (r.lease_expires_at <= COALESCE(p_now, now())
+                OR r.started_at < COALESCE(p_now, now())
+                   - COALESCE(r.stale_after, make_interval(secs => p_stale_fallback))) IS TRUE
+        FROM batch_job_run r WHERE r.job_key = p_key FOR UPDATE;
+    ELSE
+        RETURN QUERY
+        SELECT r.status::text,
+               (r.lease_expires_at <= COALESCE(p_now, now())
+                OR r.started_at < COALESCE(p_now, now())
+                   - COALESCE(r.stale_after, make_interval(secs => p_stale_fallback))) IS TRUE
+        FROM batch_job_run r WHERE r.job_key = p_key;
+    END IF;
+END;
+$$;
+
 -- An operator's action on a parent reaches its partitions: `fail` fails
 -- the unfinished ones (fencing any holder), `skip` skips the ones not yet
 -- run or failed, and `rerun` re-runs only what must: the FAILED and
@@ -535,6 +567,7 @@ BEGIN
                             'batch_job_run_partition_rows', 'batch_job_run_partition_settle',
                             'batchonce_due_runs', 'batchonce_due_runs2', 'batchonce_claim2',
                             'batchonce_enqueue2', 'batchonce_operator_apply',
+                            'batchonce_operator_check',
                             'batchonce_enqueue_declared')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());

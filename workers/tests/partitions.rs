@@ -701,3 +701,58 @@ async fn operator_actions_on_a_run_reach_its_partitions_and_a_partition_is_stale
         "one audit row per action, the run's or the partition's"
     );
 }
+
+/// An operator acting on a run while one of its partitions changes state
+/// (a finish, whose trigger then takes the run's row): both complete,
+/// neither is chosen as a deadlock victim, because the operator takes the
+/// partitions' rows before the run's, the order the finish takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_and_a_finishing_partition_never_deadlock() {
+    let db = db().await;
+    let config = settlement_config("partitions = 2");
+    enqueue(&db.pool, &config, KEY).await;
+    let part = format!("{KEY}.p1");
+    // The "worker": holds partition 1's row as a finish does.
+    let mut finish = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM batch_job_run WHERE job_key = $1 FOR NO KEY UPDATE")
+        .bind(&part)
+        .execute(&mut *finish)
+        .await
+        .unwrap();
+    // The operator: `runs fail --force` of the run, which waits for that row.
+    let pool = db.pool.clone();
+    let operator = tokio::spawn(async move {
+        let req = OperatorRequest {
+            action: Action::Fail,
+            key: JobKey::parse(KEY).unwrap(),
+            operator: "olga".into(),
+            reason: "deadlock test".into(),
+            force: true,
+            stale_after: Duration::from_secs(3600),
+            max_attempts: 3,
+        };
+        queue::apply_action(&pool, &req, Clock::Db).await
+    });
+    batchonce::testing::wait_for_count(
+        &db.pool,
+        "the operator to wait for a row lock",
+        "SELECT count(*) FROM pg_locks WHERE NOT granted",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    // The finish goes on: the partition's change makes its trigger take the
+    // run's row, which the operator must not hold yet.
+    sqlx::query(
+        "UPDATE batch_job_run SET status = 'SKIPPED', finished_at = now() WHERE job_key = $1",
+    )
+    .bind(&part)
+    .execute(&mut *finish)
+    .await
+    .unwrap();
+    finish.commit().await.unwrap();
+    let done = operator.await.unwrap().unwrap();
+    assert!(done.is_ok(), "{done:?}");
+    let states: Vec<String> = rows(&db.pool, KEY).await.into_iter().map(|r| r.1).collect();
+    assert_eq!(states, ["FAILED", "SKIPPED", "FAILED"]);
+}
