@@ -193,3 +193,42 @@ async fn bad_input_is_one_error_and_writes_nothing() {
     }
     assert_eq!(runs(&db.pool).await, 0);
 }
+
+#[tokio::test]
+async fn a_declared_partitioned_job_is_enqueued_with_its_partitions() {
+    let db = TestDb::new(&[]).await;
+    let c = JobConfig {
+        partitions: 3,
+        ..cfg()
+    };
+    declare(&db.pool, "producer-1", &c).await;
+    let out = enqueue(&db.pool, &["2026-09-18", "2026-09-19"])
+        .await
+        .unwrap();
+    assert_eq!(
+        out[0],
+        ("nightly-invoices:2026-09-18".into(), "enqueued".into())
+    );
+    let rows: Vec<(String, String, Option<i16>)> =
+        sqlx::query_as("SELECT job_key, status, partition_no FROM batch_job_run ORDER BY job_key")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let keys: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "nightly-invoices:2026-09-18",
+            "nightly-invoices:2026-09-18.p1",
+            "nightly-invoices:2026-09-18.p2",
+            "nightly-invoices:2026-09-18.p3",
+            "nightly-invoices:2026-09-19",
+            "nightly-invoices:2026-09-19.p1",
+            "nightly-invoices:2026-09-19.p2",
+            "nightly-invoices:2026-09-19.p3",
+        ]
+    );
+    // The calendar-skipped Saturday is skipped with its partitions.
+    assert!(rows[4..].iter().all(|r| r.1 == "SKIPPED"), "{rows:?}");
+    assert!(rows[..4].iter().all(|r| r.1 == "PENDING"), "{rows:?}");
+}
