@@ -155,9 +155,16 @@ impl Job for DailySettlement {
                     ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
                     RETURNING order_id
                 ), other AS (
-                    SELECT i.order_id, i.job_key FROM settlement_item i
-                    JOIN chunk c USING (order_id)
                     -- The statement's snapshot: items that existed before it.
+                    -- One probe of the order key per order (LIMIT keeps the
+                    -- subquery from being flattened into a join): a plan
+                    -- made while settlement_item looked empty would otherwise
+                    -- hash the whole table on every chunk.
+                    SELECT c.order_id, i.job_key FROM chunk c
+                    CROSS JOIN LATERAL (
+                        SELECT s.job_key, s.business_date FROM settlement_item s
+                        WHERE s.order_id = c.order_id LIMIT 1
+                    ) i
                     WHERE i.business_date <> $6
                 ), last AS (
                     SELECT paid_at, order_id FROM chunk ORDER BY paid_at DESC, order_id DESC LIMIT 1

@@ -347,3 +347,67 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// An order of a run's window that another business date already settled
+/// (a window that moved with a changed time zone) is reported by the run,
+/// naming the order and the run that settled it, and is not settled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_settled_under_another_date_is_reported_and_not_settled_again() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let dir = scratch("drift-elsewhere");
+    let seoul = config(&dir, "seoul.toml", "Asia/Seoul");
+    let date = NaiveDate::parse_from_str(DATES[1], "%Y-%m-%d").unwrap();
+    common::seed_orders(&db.pool, date, 0, 300).await;
+    // Order 123 of the 16th is already settled under the 15th.
+    sqlx::query(
+        "INSERT INTO settlement_item (business_date, order_id, merchant_id, amount_minor, job_key, lease_token) \
+         SELECT '2026-09-15', order_id, merchant_id, amount_minor, 'daily-settlement:2026-09-15', 1 \
+         FROM orders WHERE order_id = 123",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    run(
+        &db,
+        &seoul,
+        &["enqueue", "daily-settlement", "--date", DATES[1]],
+    );
+    let w = worker(&db, &seoul, &dir, "w-elsewhere");
+    wait_until("the run to succeed", Duration::from_secs(60), || async {
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    stop(w, Signal::SIGTERM);
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM settlement_item WHERE order_id = 123"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM settlement_item WHERE business_date = '2026-09-16'"
+        )
+        .await,
+        299
+    );
+    let log = std::fs::read_to_string(dir.join("w-elsewhere.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("already settled by another run"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    assert!(
+        line.contains("\"orders\":1")
+            && line.contains("\"example_order\":123")
+            && line.contains("daily-settlement:2026-09-15"),
+        "{line}"
+    );
+}
