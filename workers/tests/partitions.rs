@@ -83,12 +83,27 @@ impl Workers {
         Self { signals, handles }
     }
 
+    /// Waits until run `key` is in one of `states`, then stops the workers.
+    async fn stop_when(self, db: &TestDb, key: &str, states: &[&str]) {
+        wait_for_status(&db.pool, Some(key), states, Duration::from_secs(60)).await;
+        self.stop().await;
+    }
+
     async fn stop(self) {
         self.signals.shutdown.cancel();
         for h in self.handles {
             h.await.unwrap();
         }
     }
+}
+
+/// The run's `error_message`.
+async fn message(pool: &PgPool, key: &str) -> String {
+    sqlx::query_scalar("SELECT error_message FROM batch_job_run WHERE job_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// (key, status, attempts, processed) of a run and its partitions, in key order.
@@ -145,14 +160,7 @@ async fn one_date_split_over_two_workers_settles_each_order_once_and_summarizes_
         &config,
         &["w-a", "w-b"],
     );
-    wait_for_status(
-        &db.pool,
-        Some(KEY),
-        &["SUCCEEDED", "FAILED"],
-        Duration::from_secs(60),
-    )
-    .await;
-    workers.stop().await;
+    workers.stop_when(&db, KEY, &["SUCCEEDED", "FAILED"]).await;
 
     let runs = rows(&db.pool, KEY).await;
     assert!(runs.iter().all(|r| r.1 == "SUCCEEDED"), "{runs:?}");
@@ -272,12 +280,7 @@ async fn a_poisoned_partition_fails_the_run_and_a_rerun_redoes_only_that_partiti
     .await;
     workers.stop().await;
     let runs = rows(&db.pool, KEY).await;
-    let message: String =
-        sqlx::query_scalar("SELECT error_message FROM batch_job_run WHERE job_key = $1")
-            .bind(KEY)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let message = message(&db.pool, KEY).await;
     assert!(
         message.starts_with(&format!(
             "partition {bad_part} of 4 failed: order {poisoned} has a negative amount"
@@ -336,8 +339,7 @@ async fn a_poisoned_partition_fails_the_run_and_a_rerun_redoes_only_that_partiti
         &config,
         &["w-c"],
     );
-    wait_for_status(&db.pool, Some(KEY), &["SUCCEEDED"], Duration::from_secs(60)).await;
-    workers.stop().await;
+    workers.stop_when(&db, KEY, &["SUCCEEDED"]).await;
     let after = rows(&db.pool, KEY).await;
     for (b, a) in runs.iter().zip(&after) {
         if b.0 == bad_key || b.0 == KEY {
@@ -389,8 +391,7 @@ async fn the_partitioning_is_the_one_the_run_was_enqueued_with() {
             &config,
             &["w"],
         );
-        wait_for_status(&db.pool, Some(KEY), &["SUCCEEDED"], Duration::from_secs(60)).await;
-        workers.stop().await;
+        workers.stop_when(&db, KEY, &["SUCCEEDED"]).await;
     }
     let runs = rows(&db.pool, KEY).await;
     assert_eq!(runs.len(), 4, "{runs:?}");
@@ -455,24 +456,12 @@ async fn notification_partitions_send_once_and_the_final_step_judges_the_date() 
         &config,
         &["n-a", "n-b"],
     );
-    wait_for_status(
-        &db.pool,
-        Some(key),
-        &["SUCCEEDED", "FAILED"],
-        Duration::from_secs(60),
-    )
-    .await;
-    workers.stop().await;
+    workers.stop_when(&db, key, &["SUCCEEDED", "FAILED"]).await;
     let runs = rows(&db.pool, key).await;
     // Every partition did its sends; the final step found 5 rejections > 3.
     assert!(runs[1..].iter().all(|r| r.1 == "SUCCEEDED"), "{runs:?}");
     assert_eq!(runs[0].1, "FAILED", "{runs:?}");
-    let message: String =
-        sqlx::query_scalar("SELECT error_message FROM batch_job_run WHERE job_key = $1")
-            .bind(key)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let message = message(&db.pool, key).await;
     assert!(message.starts_with("5 of 300 deliveries"), "{message}");
     let states: Vec<(String, i64)> = sqlx::query_as(
         "SELECT state, count(*) FROM notification_delivery GROUP BY state ORDER BY state",
