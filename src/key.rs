@@ -3,8 +3,10 @@
 //!
 //! Validated identifiers: `JobName` (1–64 characters, lowercase letters and digits separated by
 //! single dashes), `JobKey` (`<job>:<period>`, where the period is digits, `T`, `:` and `-`, such
-//! as `2026-09-15` or `2026-09-15T10:15`, and a partition's key adds `.p<1..=256>`; at most 120
-//! characters, the same rule as the schema's CHECK), and `parse_date`, which accepts strict `YYYY-MM-DD` within `date_range()`, 1970-01-01 to
+//! as `2026-09-15` or `2026-09-15T10:15`, a scoped run's key adds `@<scope>` (a `Scope`: 1–36
+//! lowercase letters and digits separated by single dashes, such as `seller-4711`), and a
+//! partition's key adds `.p<1..=256>` after that; at most 120 characters, the same rule as the
+//! schema's CHECK), and `parse_date`, which accepts strict `YYYY-MM-DD` within `date_range()`, 1970-01-01 to
 //! 2199-12-31, and otherwise fails with `KeyError::DateRange` (`date D is out of range: business
 //! dates run from 1970-01-01 to 2199-12-31`). The range is wide enough for any backfill or plan and
 //! narrow enough that time-zone and interval arithmetic never overflows; `--date`, `--from`, `--to`
@@ -32,8 +34,10 @@ pub const MAX_JOB_NAME_LEN: usize = 64;
 pub enum KeyError {
     #[error("invalid job name {0:?}: use 1-64 lowercase letters, digits and single dashes, e.g. daily-settlement")]
     JobName(String),
-    #[error("invalid job key {0:?}: expected <job>:<period> such as daily-settlement:2026-09-15 (at most 120 characters)")]
+    #[error("invalid job key {0:?}: expected <job>:<period> or <job>:<period>@<scope> such as daily-settlement:2026-09-15 or daily-settlement:2026-09-15@seller-4711 (at most 120 characters)")]
     JobKey(String),
+    #[error("invalid scope {0:?}: use 1-36 lowercase letters, digits and single dashes, e.g. seller-4711")]
+    Scope(String),
     #[error("invalid date {0:?}: expected a calendar date as YYYY-MM-DD")]
     Date(String),
     #[error("date {0} is out of range: business dates run from 1970-01-01 to 2199-12-31")]
@@ -154,6 +158,14 @@ impl JobKey {
             }
             None => period,
         };
+        // A scoped run's key is `<job>:<period>@<scope>`.
+        let period = match period.split_once('@') {
+            Some((p, scope)) => {
+                Scope::parse(scope).map_err(|_| bad())?;
+                p
+            }
+            None => period,
+        };
         if period.is_empty()
             || !period
                 .bytes()
@@ -179,6 +191,47 @@ impl JobKey {
         Some((Self(parent.to_owned()), parse_partition_no(no)?))
     }
 
+    /// The key of this run for one scope: `<job>:<period>@<scope>`.
+    /// `None` if the result would break the length rule, or if this key
+    /// already has a scope or is a partition's.
+    pub fn with_scope(&self, scope: &Scope) -> Option<Self> {
+        if self.scope().is_some() || self.parent().is_some() {
+            return None;
+        }
+        let k = format!("{}@{}", self.0, scope.as_str());
+        (k.len() <= MAX_KEY_LEN).then_some(Self(k))
+    }
+
+    /// The scope the key names, if it is a scoped run's (or a partition of one).
+    pub fn scope(&self) -> Option<&str> {
+        let (_, rest) = self.0.split_once(':')?;
+        let rest = match rest.rsplit_once(".p") {
+            Some((p, no)) if parse_partition_no(no).is_some() => p,
+            _ => rest,
+        };
+        rest.split_once('@').map(|(_, s)| s)
+    }
+
+    /// The key without its scope: a scoped run's template (the key it
+    /// would have without scopes); the key itself if it has none.
+    pub fn unscoped(&self) -> Self {
+        match self.scope() {
+            Some(scope) => Self(self.0.replacen(&format!("@{scope}"), "", 1)),
+            None => self.clone(),
+        }
+    }
+
+    /// The period part of the key, without its scope or partition: what the
+    /// business period rules read (`2026-09-15`, `2026-09-15T10:15`).
+    pub fn period(&self) -> &str {
+        let rest = self.0.split_once(':').map_or("", |(_, p)| p);
+        let rest = match rest.rsplit_once(".p") {
+            Some((p, no)) if parse_partition_no(no).is_some() => p,
+            _ => rest,
+        };
+        rest.split_once('@').map_or(rest, |(p, _)| p)
+    }
+
     /// The job-name half of the key.
     pub fn job_name(&self) -> &str {
         // Invariant: a JobKey is only built with a ':' in it.
@@ -187,6 +240,45 @@ impl JobKey {
 }
 
 impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Longest scope; the schema's `batch_job_run.scope` is `varchar(36)`, room
+/// for a UUID.
+pub const MAX_SCOPE_LEN: usize = 36;
+
+/// A validated scope such as `seller-4711`: what a scoped run is about
+/// besides its job and period (one seller, region or tenant). 1 to 36
+/// lowercase letters and digits separated by single dashes, the rule of
+/// the schema's key CHECK; no `:`, `@` or `.`, so a key stays unambiguous.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope(String);
+
+impl Scope {
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        let ok = !s.is_empty()
+            && s.len() <= MAX_SCOPE_LEN
+            && s.split('-').all(|part| {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            });
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(KeyError::Scope(shown(s)))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -241,6 +333,57 @@ mod tests {
             "daily-settlement:2026-09-15.p2.p3",
         ] {
             assert!(JobKey::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn scoped_keys_name_their_scope() {
+        let k = JobKey::parse("daily-settlement:2026-09-15").unwrap();
+        let s = Scope::parse("seller-4711").unwrap();
+        let scoped = k.with_scope(&s).unwrap();
+        assert_eq!(scoped.as_str(), "daily-settlement:2026-09-15@seller-4711");
+        assert_eq!(JobKey::parse(scoped.as_str()).unwrap(), scoped);
+        assert_eq!(scoped.scope(), Some("seller-4711"));
+        assert_eq!(scoped.period(), "2026-09-15");
+        assert_eq!(scoped.job_name(), "daily-settlement");
+        let p = scoped.partition(2);
+        assert_eq!(p.as_str(), "daily-settlement:2026-09-15@seller-4711.p2");
+        assert_eq!(JobKey::parse(p.as_str()).unwrap(), p);
+        assert_eq!(p.scope(), Some("seller-4711"));
+        assert_eq!(p.period(), "2026-09-15");
+        assert_eq!(p.parent(), Some((scoped.clone(), 2)));
+        assert_eq!(k.scope(), None);
+        assert_eq!(k.period(), "2026-09-15");
+        assert_eq!(scoped.unscoped(), k);
+        assert_eq!(p.unscoped(), k.partition(2));
+        assert_eq!(k.unscoped(), k);
+        assert_eq!(scoped.with_scope(&s), None);
+        let m = JobKey::parse("inventory-sync:2026-09-15T10:15@eu-west-1").unwrap();
+        assert_eq!(
+            (m.period(), m.scope()),
+            ("2026-09-15T10:15", Some("eu-west-1"))
+        );
+        let uuid = Scope::parse("6f1c2a3e-0b4d-4e5f-8a9b-0c1d2e3f4a5b").unwrap();
+        assert_eq!(uuid.as_str().len(), MAX_SCOPE_LEN);
+        // The longest job name, minute period and scope still fit; with a
+        // partition's `.p256` they would not (the enqueue checks that).
+        let long = JobKey::parse(&format!("{}:2026-09-15T10:15", "j".repeat(64))).unwrap();
+        assert_eq!(long.with_scope(&uuid).unwrap().as_str().len(), 118);
+        for bad in [
+            "a:2026-09-15@",
+            "a:2026-09-15@Seller",
+            "a:2026-09-15@seller--1",
+            "a:2026-09-15@-seller",
+            "a:2026-09-15@seller_1",
+            "a:2026-09-15@a@b",
+            "a:2026-09-15@a.b",
+            "a:2026-09-15.p2@seller",
+            "a:@seller",
+        ] {
+            assert!(JobKey::parse(bad).is_err(), "{bad}");
+        }
+        for bad in ["", "A", "a b", "a:b", "a@b", "a.b", "-a", &"x".repeat(37)] {
+            assert!(Scope::parse(bad).is_err(), "{bad:?}");
         }
     }
 

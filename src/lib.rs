@@ -50,5 +50,5 @@ pub mod testing;
 
 pub use clock::Clock;
 pub use config::{Config, JobConfig};
-pub use key::{JobKey, JobName};
+pub use key::{JobKey, JobName, Scope};
 pub use runtime::job::{Job, JobContext, JobDemo, JobError, Outcome, Registry, Verification};

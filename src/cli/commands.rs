@@ -88,6 +88,8 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             date,
             from,
             to,
+            scope,
+            all_scopes,
         } => {
             let job = registry.resolve(job).map_err(|e| anyhow!(e))?;
             let dates = match (date, from, to) {
@@ -100,14 +102,33 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             };
             let cfg = config.job(&job).cloned().unwrap_or_default();
             let periods = producer::periods_for_dates(&cfg, &dates).map_err(|e| anyhow!(e))?;
-            let runs = producer::runs_for_periods(&job, &cfg, &periods)?;
+            let runs =
+                super::keys::scoped_runs(&job, &cfg, &periods, scope, *all_scopes, &config.origin)?;
             let pool = db::connect(require_url(&cli)?, "batchonce-enqueue", 2).await?;
             let report = queue::enqueue(&pool, &runs, Clock::Db)
                 .await
                 .context("enqueue failed")?;
-            let inserted: std::collections::HashSet<&JobKey> = report.enqueued.iter().collect();
-            for run in &runs {
-                let result = match (inserted.contains(&run.key), &run.skip_reason) {
+            // A scope query's keys are known once the statement has run; a
+            // scoped run shares its template's calendar reason.
+            let reasons: std::collections::HashMap<&str, Option<&str>> = runs
+                .iter()
+                .map(|r| (r.key.as_str(), r.skip_reason.as_deref()))
+                .collect();
+            let mut results: Vec<(&JobKey, bool)> = report
+                .enqueued
+                .iter()
+                .map(|k| (k, true))
+                .chain(report.duplicates.iter().map(|k| (k, false)))
+                .collect();
+            results.sort();
+            for (key, inserted) in results {
+                let unscoped = key.unscoped();
+                let reason = reasons
+                    .get(key.as_str())
+                    .or_else(|| reasons.get(unscoped.as_str()))
+                    .copied()
+                    .flatten();
+                let result = match (inserted, reason) {
                     (false, _) => "duplicate",
                     (true, None) => "enqueued",
                     (true, Some(_)) => "skipped",
@@ -115,19 +136,32 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 if cli.json {
                     println!(
                         "{}",
-                        json!({"result": result, "job_key": run.key.as_str(), "reason": run.skip_reason})
+                        json!({"result": result, "job_key": key.as_str(), "reason": reason})
                     );
                 } else if result == "skipped" {
-                    println!(
-                        "skipped {} ({})",
-                        run.key,
-                        run.skip_reason.as_deref().unwrap_or("")
-                    );
+                    println!("skipped {key} ({})", reason.unwrap_or(""));
                 } else {
-                    println!("{result} {}", run.key);
+                    println!("{result} {key}");
                 }
             }
-            Ok(ExitCode::SUCCESS)
+            for (template, id) in &report.invalid {
+                let id = crate::key::shown(id);
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({"result": "invalid", "job_key": template.as_str(), "scope": id})
+                    );
+                } else {
+                    eprintln!(
+                        "invalid scope {id:?} from the scope query of {template}: not enqueued (a scope is 1-36 lowercase letters, digits and single dashes, and the key at most 120 characters)"
+                    );
+                }
+            }
+            if report.invalid.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::FAILURE)
+            }
         }
         Command::Exporter {
             interval,
@@ -473,7 +507,7 @@ async fn freeze_legacy_contexts(
             left += 1;
             continue;
         };
-        let period = run.key.as_str().split_once(':').map_or("", |(_, p)| p);
+        let period = run.key.period();
         match crate::config::context::RunContext::for_key(cfg, run.business_date, period) {
             Ok(c) => todo.push((run.key, c)),
             Err(_) => left += 1,

@@ -98,6 +98,48 @@ fn read_date(s: &str) -> Vec<NaiveDate> {
     out
 }
 
+/// The runs `enqueue` asks for: a scoped job's for `--scope` or
+/// `--all-scopes`, an unscoped job's without either. `origin` names the
+/// configuration in the errors.
+pub(super) fn scoped_runs(
+    job: &JobName,
+    cfg: &crate::config::JobConfig,
+    periods: &[crate::schedule::Period],
+    scopes: &[String],
+    all: bool,
+    origin: &str,
+) -> anyhow::Result<Vec<crate::queue::NewRun>> {
+    use crate::config::ScopeSource;
+    use crate::runtime::producer;
+    match (&cfg.scopes, scopes.is_empty(), all) {
+        (None, true, false) => Ok(producer::runs_for_periods(job, cfg, periods)?),
+        (None, _, _) => Err(anyhow::anyhow!(
+            "job {job} is not scoped ({origin} gives it no `scopes`): enqueue it without --scope and --all-scopes"
+        )),
+        (Some(_), true, false) => Err(anyhow::anyhow!(
+            "job {job} runs per scope: give --scope <scope> (repeat it, or separate by commas) or --all-scopes"
+        )),
+        (Some(_), true, true) => Ok(producer::runs_for_periods(job, cfg, periods)?),
+        (Some(source), false, _) => {
+            let mut list = Vec::with_capacity(scopes.len());
+            for s in scopes {
+                let scope = crate::key::Scope::parse(s)?;
+                if let ScopeSource::List(known) = source {
+                    if !known.contains(&scope) {
+                        anyhow::bail!(
+                            "scope {scope} is not among the scopes {origin} lists for job {job}"
+                        );
+                    }
+                }
+                if !list.contains(&scope) {
+                    list.push(scope);
+                }
+            }
+            producer::runs_for_scopes(job, cfg, periods, &list).map_err(|e| anyhow::anyhow!(e))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -148,7 +148,8 @@ enum Command {
     /// Applies the migrations of the engine and of every declared job kind.
     Migrate,
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
-    /// `duplicate KEY` or `skipped KEY (reason)` per run.
+    /// `duplicate KEY` or `skipped KEY (reason)` per run. A scoped job
+    /// needs --scope or --all-scopes.
     Enqueue {
         /// Job name, e.g. daily-settlement.
         job: String,
@@ -161,6 +162,12 @@ enum Command {
         /// Backfill: last business date of the range.
         #[arg(long, requires = "from")]
         to: Option<String>,
+        /// A scoped job's scopes to enqueue, e.g. seller-4711 (repeat it, or separate by commas).
+        #[arg(long, value_delimiter = ',', conflicts_with = "all_scopes")]
+        scope: Vec<String>,
+        /// Every scope the job's `scopes` lists or its scope query returns now.
+        #[arg(long)]
+        all_scopes: bool,
     },
     /// The producer: enqueues every scheduled period, on a timer, until SIGTERM.
     Produce {

@@ -36,8 +36,12 @@
 //! `src/runtime/producer.rs`). The cross-key rules run in `apply_job_table`, so they check the jobs that
 //! have a `[jobs.<name>]` table in the file; a kind's `default_config()` alone is not checked.
 //!
-//! Four kinds of keys sit in a job table besides the scheduling and policy keys above:
+//! Five kinds of keys sit in a job table besides the scheduling and policy keys above:
 //!
+//! - `scopes` makes the job scoped: one run per scope and period, keyed `<job>:<period>@<scope>`,
+//!   from a fixed list or a SQL query (`src/config/scopes.rs`); only a kind whose
+//!   `default_config` sets `scopable`, or a command job, accepts it, and a listed scope must
+//!   leave the key within 120 characters.
 //! - `partitions` (1–256, default 1) splits each run into that many partitions, leased apart
 //!   (`src/queue/partitions.rs`); only a kind whose `default_config` sets `partitionable`, or a
 //!   command job, accepts more than 1.
@@ -78,9 +82,11 @@ use crate::schedule::{Covers, CronSchedule};
 
 mod command;
 pub mod context;
+mod scopes;
 
 use command::{apply_command_keys, as_argv, COMMAND_KEYS};
 pub use command::{is_variable_name, CommandSpec};
+pub use scopes::{ScopeSource, MAX_LISTED_SCOPES};
 
 /// Longest catch-up window: a year and a month of missed periods.
 pub const MAX_CATCH_UP: Duration = Duration::from_secs(400 * 86_400);
@@ -148,6 +154,12 @@ pub struct JobConfig {
     /// Whether the kind can work on one partition of a run and has a final
     /// step (set by the kind's `default_config`; command jobs can).
     pub partitionable: bool,
+    /// Where a scoped job's scopes come from (`None`: one run per period).
+    /// The scope is part of each run's key, so it is fixed with the run.
+    pub scopes: Option<ScopeSource>,
+    /// Whether the kind can work on one scope's items alone (set by the
+    /// kind's `default_config`; command jobs can).
+    pub scopable: bool,
 }
 
 impl JobConfig {
@@ -201,6 +213,8 @@ impl Default for JobConfig {
             command: None,
             partitions: 1,
             partitionable: false,
+            scopes: None,
+            scopable: false,
         }
     }
 }
@@ -279,6 +293,7 @@ const JOB_KEYS: &[&str] = &[
     "enabled",
     "max_item_failures",
     "partitions",
+    "scopes",
     "command",
 ];
 
@@ -547,6 +562,7 @@ fn apply_job_table(
                 cfg.partitions =
                     as_int(value, 1, i64::from(crate::key::MAX_PARTITIONS)).map_err(err)? as u16
             }
+            "scopes" => cfg.scopes = Some(ScopeSource::parse(value).map_err(err)?),
             "command" => cfg.command = Some(CommandSpec::new(as_argv(value).map_err(err)?)),
             k if COMMAND_KEYS.contains(&k) => {
                 // Applied after the loop, once `command` is known to be there.
@@ -573,6 +589,30 @@ fn apply_job_table(
             format!("{path}.partitions"),
             "this job kind cannot split a run into partitions (daily-settlement, notification-send and command jobs can)".to_owned(),
         ));
+    }
+    if let Some(scopes) = &cfg.scopes {
+        let at = format!("{path}.scopes");
+        if !cfg.scopable && cfg.command.is_none() {
+            return Err((
+                at,
+                "this job kind cannot run per scope (daily-settlement and command jobs can)"
+                    .to_owned(),
+            ));
+        }
+        // Every listed scope must leave the key within the length rule.
+        let job = path.rsplit_once('.').map_or(path, |(_, j)| j);
+        let period_len = if cfg.covers == Covers::Firing { 16 } else { 10 };
+        let room = scopes::room_for_scope(job, period_len, cfg.partitions);
+        if let ScopeSource::List(list) = scopes {
+            if let Some(long) = list.iter().find(|s| s.as_str().len() > room) {
+                return Err((
+                    at,
+                    format!(
+                        "scope {long:?} makes keys longer than 120 characters; this job's scopes may have at most {room}"
+                    ),
+                ));
+            }
+        }
     }
     if let Some(check) = cfg.options.check {
         check(&cfg.options.values).map_err(|e| (format!("{path}.{}", e.key), e.message))?;

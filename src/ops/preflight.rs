@@ -201,6 +201,7 @@ pub async fn race(url: &str, key: &str, start_at_ms: i64) -> anyhow::Result<()> 
         payload: json!({}),
         skip_reason: None,
         partitions: 1,
+        scope_query: None,
         context: crate::config::context::RunContext::new(
             &cfg,
             &crate::schedule::Period::day(business_date),

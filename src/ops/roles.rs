@@ -37,7 +37,7 @@
 //!   `_operator`, `_readonly`, `_program` and `_console`, each only if missing; grants `USAGE` on
 //!   the schema to all, `CREATE` to the migrator, `pg_read_all_stats` to the operator, read-only
 //!   and console roles, `pg_signal_backend` to the operator and console roles.
-//! - Once the schema holds `batchonce_enqueue2` (this release's migrations ran), it grants on what
+//! - Once the schema holds `batchonce_claim3` (this release's migrations ran), it grants on what
 //!   exists: every role but the program reads the tables, except that the worker reads no engine
 //!   table but `_sqlx_migrations` (so it never learns a run's token); nobody deletes or truncates;
 //!   nobody writes runs, attempts or the audit table; the worker inserts and updates only the
@@ -72,6 +72,7 @@ const ENGINE_TABLES: &[&str] = &[
 const WORKER_FUNCTIONS: &[&str] = &[
     "batchonce_claim",
     "batchonce_claim2",
+    "batchonce_claim3",
     "batchonce_partition",
     "batchonce_heartbeat",
     "batchonce_fence_open",
@@ -257,7 +258,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
          GRANT pg_signal_backend TO {o}, {c};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
-         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_enqueue2') IS NOT NULL THEN\n"
+         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n"
     ));
     for stmt in &on_tables {
         if stmt.starts_with("--") {

@@ -106,7 +106,7 @@ pub async fn claim(
     // which alone may turn a PENDING run into a RUNNING one with a new token;
     // its second version (20261204000002) also claims partitions and final
     // steps, which the first leaves to this release.
-    let rows = crate::db::query("SELECT * FROM batchonce_claim2($1, $2, $3, $4, $5)")
+    let rows = crate::db::query("SELECT * FROM batchonce_claim3($1, $2, $3, $4, $5, true)")
         .bind(&names)
         .bind(&ttls)
         .bind(limit as i64)

@@ -54,7 +54,9 @@ pub use actions::{
     apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused,
 };
 pub(crate) use actions::{apply_action_in, preview_action_in};
-pub use enqueue::{delete_preflight_run, enqueue, EnqueueReport, NewRun, PREFLIGHT_JOB};
+pub use enqueue::{
+    count_scopes, delete_preflight_run, enqueue, EnqueueReport, NewRun, PREFLIGHT_JOB,
+};
 pub use finish::{
     backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, record_output,
     recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,

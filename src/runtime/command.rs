@@ -32,7 +32,7 @@
 //!   `BATCHONCE_WORKER_ID`, `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START`, `BATCHONCE_PERIOD_END`,
 //!   `BATCHONCE_PAYLOAD`, `BATCHONCE_LEASE_TTL_MS`, `PGAPPNAME`, and the step (`BATCHONCE_STEP`:
 //!   `whole`, `partition` or `final`; `BATCHONCE_PARTITION` and `BATCHONCE_PARTITIONS` for a
-//!   partitioned run); and, only with `database_url_env`, the value of the worker's variable
+//!   partitioned run); `BATCHONCE_SCOPE` for a scoped run; and, only with `database_url_env`, the value of the worker's variable
 //!   it names as `BATCHONCE_DATABASE_URL` and `DATABASE_URL`. That variable unset or blank is
 //!   `EnvError::DatabaseUrlUnset`, which `run_command` makes `Fatal` before anything starts. The
 //!   worker's own `DATABASE_URL`, `BATCHONCE_LISTEN_URL` and tokens therefore never reach a program
@@ -265,6 +265,11 @@ pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
     // which `batchonce_partition(item_key, BATCHONCE_PARTITIONS)` is
     // BATCHONCE_PARTITION, fenced by this partition's own key and token.
     vars.extend(ctx.step.env().into_iter().map(|(k, v)| (k.to_owned(), v)));
+    // A scoped run's scope, the part of its key after `@`: the program
+    // works on that scope's items alone. Unset for an unscoped run.
+    if let Some(scope) = &ctx.scope {
+        vars.push(("BATCHONCE_SCOPE".to_owned(), scope.as_str().to_owned()));
+    }
     vars
 }
 

@@ -250,6 +250,10 @@ pub struct JobContext {
     /// of its partition alone (`batchonce_partition(item_key, count) = no`)
     /// and does what must happen once, after all of them, in `Final`.
     pub step: queue::Step,
+    /// The scope the run is for (`<job>:<period>@<scope>`), `None` for an
+    /// unscoped run. A kind that sets `scopable` works on that scope's
+    /// items alone; the scope is part of the key, so it is fixed with the run.
+    pub scope: Option<crate::key::Scope>,
     pool: PgPool,
     cancel: CancellationToken,
     /// Set (before `cancel`) when the lease is gone rather than a shutdown.
@@ -288,6 +292,10 @@ impl JobContext {
             run,
             payload: lease.payload.clone(),
             step: lease.step,
+            scope: lease
+                .key
+                .scope()
+                .and_then(|s| crate::key::Scope::parse(s).ok()),
             pool,
             cancel,
             lost: CancellationToken::new(),

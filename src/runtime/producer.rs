@@ -43,6 +43,7 @@
 //!   schedule.
 //! - `date_range` expands `enqueue --from --to`, at most `MAX_BACKFILL_DAYS` (366).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
@@ -52,8 +53,8 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::context::{PeriodError, RunContext};
-use crate::config::{Config, JobConfig};
-use crate::key::{self, JobKey, JobName};
+use crate::config::{Config, JobConfig, ScopeSource};
+use crate::key::{self, JobKey, JobName, Scope};
 use crate::queue::{self, NewRun, QueueError};
 use crate::schedule::{self, Covers, Period};
 
@@ -62,8 +63,59 @@ pub const MAX_BACKFILL_DAYS: i64 = 366;
 
 /// The runs for these periods, each with the context it is defined by from
 /// now on (time zone, period instants, policies); calendar-skipped periods
-/// become SKIPPED runs.
+/// become SKIPPED runs. A scoped job gets one run per configured scope and
+/// period: the listed scopes here, or, for a scope query, one template per
+/// period that the enqueue statement expands (`queue::enqueue`).
 pub fn runs_for_periods(
+    job: &JobName,
+    cfg: &JobConfig,
+    periods: &[Period],
+) -> Result<Vec<NewRun>, PeriodError> {
+    match &cfg.scopes {
+        None => base_runs(job, cfg, periods),
+        // The configuration checked that every listed scope fits the key.
+        Some(ScopeSource::List(list)) => {
+            runs_for_scopes(job, cfg, periods, list).map_err(PeriodError)
+        }
+        Some(ScopeSource::Query(q)) => {
+            let q: Arc<str> = Arc::from(q.as_str());
+            let mut runs = base_runs(job, cfg, periods)?;
+            for r in &mut runs {
+                r.scope_query = Some(q.clone());
+            }
+            Ok(runs)
+        }
+    }
+}
+
+/// The runs of these periods for the given scopes of a scoped job
+/// (`enqueue --scope`), in period order, then scope order.
+pub fn runs_for_scopes(
+    job: &JobName,
+    cfg: &JobConfig,
+    periods: &[Period],
+    scopes: &[Scope],
+) -> Result<Vec<NewRun>, String> {
+    let mut out = Vec::with_capacity(periods.len() * scopes.len());
+    for base in base_runs(job, cfg, periods).map_err(|e| e.to_string())? {
+        for scope in scopes {
+            let key = base.key.with_scope(scope).ok_or_else(|| {
+                format!(
+                    "the key {}@{scope} would be longer than 120 characters: use a shorter scope",
+                    base.key
+                )
+            })?;
+            out.push(NewRun {
+                key,
+                ..base.clone()
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// One unscoped run per period.
+fn base_runs(
     job: &JobName,
     cfg: &JobConfig,
     periods: &[Period],
@@ -81,6 +133,7 @@ pub fn runs_for_periods(
                 skip_reason: cfg.skip_reason(p.date),
                 context: RunContext::new(cfg, p)?,
                 partitions: cfg.partitions,
+                scope_query: None,
             })
         })
         .collect()
@@ -202,6 +255,11 @@ pub struct JobTick {
     /// The start of the latest period the schedule has made due (the
     /// newest in the catch-up window); `None` if the window holds none.
     pub due_period_start: Option<DateTime<Utc>>,
+    /// Ids the job's scope query returned that are not valid scopes (never
+    /// enqueued), as error messages quote them.
+    pub invalid_scopes: Vec<String>,
+    /// Why nothing of the job was enqueued this tick (its scope query failed).
+    pub error: Option<String>,
 }
 
 /// One producer tick at `clock`'s now: plans every job, enqueues all runs in
@@ -229,8 +287,24 @@ pub async fn tick(
         }
     }
     let all: Vec<NewRun> = plans.iter().flat_map(|p| p.runs.iter().cloned()).collect();
-    let report = queue::enqueue(pool, &all, clock).await?;
-    let enqueued: std::collections::HashSet<&JobKey> = report.enqueued.iter().collect();
+    let (report, broken) = match queue::enqueue(pool, &all, clock).await {
+        Ok(r) => (r, Vec::new()),
+        // A failing scope query would fail every job's tick: find the
+        // jobs whose queries fail on their own, and enqueue the others.
+        Err(e) if all.iter().any(|r| r.scope_query.is_some()) => {
+            let broken = broken_scope_queries(pool, config).await?;
+            if broken.is_empty() {
+                return Err(e);
+            }
+            let rest: Vec<NewRun> = all
+                .iter()
+                .filter(|r| !broken.iter().any(|(j, _)| *j == r.job))
+                .cloned()
+                .collect();
+            (queue::enqueue(pool, &rest, clock).await?, broken)
+        }
+        Err(e) => return Err(e),
+    };
     Ok(plans
         .iter()
         .map(|p| {
@@ -241,16 +315,71 @@ pub async fn tick(
                 due_period_start: p.runs.iter().map(|r| r.context.period_start).max(),
                 ..JobTick::default()
             };
-            for r in &p.runs {
-                match (enqueued.contains(&r.key), &r.skip_reason) {
-                    (true, None) => t.enqueued.push(r.key.to_string()),
-                    (true, Some(_)) => t.skipped.push(r.key.to_string()),
-                    (false, _) => t.duplicates += 1,
+            if let Some((_, e)) = broken.iter().find(|(j, _)| *j == p.job) {
+                t.error = Some(e.clone());
+                return t;
+            }
+            // Keys come back from the statement: a scope query's runs are
+            // only known once it has run, and share their template's reason.
+            let skip: std::collections::HashMap<&str, bool> = p
+                .runs
+                .iter()
+                .map(|r| (r.key.as_str(), r.skip_reason.is_some()))
+                .collect();
+            for k in report
+                .enqueued
+                .iter()
+                .filter(|k| k.job_name() == p.job.as_str())
+            {
+                let unscoped = k.unscoped();
+                let skipped = skip
+                    .get(k.as_str())
+                    .or_else(|| skip.get(unscoped.as_str()))
+                    .copied()
+                    .unwrap_or(false);
+                if skipped {
+                    t.skipped.push(k.to_string());
+                } else {
+                    t.enqueued.push(k.to_string());
                 }
             }
+            t.duplicates = report
+                .duplicates
+                .iter()
+                .filter(|k| k.job_name() == p.job.as_str())
+                .count();
+            t.invalid_scopes = report
+                .invalid
+                .iter()
+                .filter(|(k, _)| k.job_name() == p.job.as_str())
+                .map(|(_, s)| crate::key::shown(s))
+                .collect();
             t
         })
         .collect())
+}
+
+/// The scoped jobs of `config` whose scope query fails on its own, with
+/// the database's error: run one by one, as the enqueue statement would.
+async fn broken_scope_queries(
+    pool: &PgPool,
+    config: &Config,
+) -> Result<Vec<(JobName, String)>, QueueError> {
+    let mut broken = Vec::new();
+    for (name, cfg) in &config.jobs {
+        let Some(ScopeSource::Query(q)) = &cfg.scopes else {
+            continue;
+        };
+        if let Err(e) = queue::count_scopes(pool, q).await {
+            match e {
+                QueueError::Database(sqlx::Error::Database(d)) => {
+                    broken.push((name.clone(), format!("scope query failed: {}", d.message())))
+                }
+                other => return Err(other),
+            }
+        }
+    }
+    Ok(broken)
 }
 
 /// Logs and counts one tick's report.
@@ -271,6 +400,14 @@ pub fn log_tick(report: &[JobTick]) {
             window_start = t.window_start.map(|w| w.to_rfc3339()).as_deref(),
             "producer tick"
         );
+        if let Some(e) = &t.error {
+            warn!(job = %t.job, error = %e, "this job's scope query failed; nothing of it was enqueued this tick, the other jobs were");
+        }
+        if !t.invalid_scopes.is_empty() {
+            warn!(job = %t.job, count = t.invalid_scopes.len(),
+                  examples = ?t.invalid_scopes.iter().take(3).collect::<Vec<_>>(),
+                  "the scope query returned ids that are not scopes (1-36 lowercase letters, digits and single dashes, within the key's 120 characters); they were not enqueued");
+        }
         if t.truncated {
             // Config validation bounds catch_up so this cannot happen; if it
             // does, the newest periods are the ones missing.

@@ -236,6 +236,11 @@ pub fn job_settings(cfg: &JobConfig) -> serde_json::Value {
     if cfg.partitions > 1 {
         settings["partitions"] = serde_json::json!(cfg.partitions);
     }
+    // Likewise only for a scoped job (issue 24); `batchonce_enqueue_declared`
+    // refuses a job whose live processes record scopes.
+    if let Some(scopes) = &cfg.scopes {
+        settings["scopes"] = scopes.to_json();
+    }
     settings
 }
 

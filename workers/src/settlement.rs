@@ -17,7 +17,10 @@
 //! `JobDemo`, with a seed and a verify that compares count, total, duplicates, wrong-date items and
 //! summary totals against the source. With `partitions = N` a partition settles the orders for
 //! which `batchonce_partition(order_id::text, N)` is its number, and the final step writes the
-//! summary once, after all of them. Its migrations are embedded from
+//! summary once, after all of them. With `scopes`, a run settles one merchant: the number that
+//! ends its scope (`seller-4711` is merchant 4711), and writes that merchant's summary row; the
+//! item key is still the order, so an order is settled once whatever scope reaches it. Its
+//! migrations are embedded from
 //! `workers/migrations/settlement/`.
 
 use async_trait::async_trait;
@@ -58,6 +61,7 @@ impl Job for DailySettlement {
             covers: Covers::PreviousDay,
             catch_up: std::time::Duration::from_secs(7 * 86_400),
             partitionable: true,
+            scopable: true,
             ..JobConfig::default()
         }
     }
@@ -95,17 +99,28 @@ impl Job for DailySettlement {
         } else {
             "AND $3::int = 0 AND $4::int = 0"
         };
+        // A scoped run settles one merchant's orders; an unscoped run's
+        // statements have no merchant condition at all (as above).
+        let merchant = merchant_of(ctx)?;
+        let theirs = if merchant.is_some() {
+            "AND merchant_id = $5"
+        } else {
+            ""
+        };
         let mut stmt = batchonce::db::statement(ctx.pool()).await?;
-        let negative: Option<i64> = batchonce::db::query_scalar(&format!(
+        let sql = format!(
             "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
-             {mine} ORDER BY order_id LIMIT 1"
-        ))
-        .bind(start)
-        .bind(end)
-        .bind(count)
-        .bind(no)
-        .fetch_optional(stmt.conn())
-        .await?;
+             {mine} {theirs} ORDER BY order_id LIMIT 1"
+        );
+        let mut q = batchonce::db::query_scalar(&sql)
+            .bind(start)
+            .bind(end)
+            .bind(count)
+            .bind(no);
+        if let Some(m) = merchant {
+            q = q.bind(m);
+        }
+        let negative: Option<i64> = q.fetch_optional(stmt.conn()).await?;
         stmt.done().await?;
         if let Some(id) = negative {
             return Err(JobError::Fatal(format!(
@@ -124,6 +139,11 @@ impl Job for DailySettlement {
         } else {
             "AND $9::int = 0 AND $10::int = 0"
         };
+        let theirs = if merchant.is_some() {
+            "AND merchant_id = $11"
+        } else {
+            ""
+        };
         // Orders of this window that another run already settled (under
         // another business date): reported, never settled again.
         let mut elsewhere = 0i64;
@@ -139,13 +159,13 @@ impl Job for DailySettlement {
             let mut tx = ctx.fenced().await?;
             // One round trip per chunk: read the next orders by key, insert
             // the missing items, and report how far the chunk reached.
-            let row = batchonce::db::query(&format!(
+            let sql = format!(
                 r#"
                 WITH chunk AS (
                     SELECT order_id, merchant_id, amount_minor, paid_at
                     FROM orders
                     WHERE paid_at >= $1 AND paid_at < $2 AND (paid_at, order_id) > ($3, $4)
-                      {mine}
+                      {mine} {theirs}
                     ORDER BY paid_at, order_id
                     LIMIT $5
                 ), ins AS (
@@ -177,19 +197,22 @@ impl Job for DailySettlement {
                        (SELECT min(order_id) FROM other) AS example_order,
                        (SELECT min(job_key) FROM other) AS example_key
                 "#
-            ))
-            .bind(start)
-            .bind(end)
-            .bind(after.0)
-            .bind(after.1)
-            .bind(chunk)
-            .bind(ctx.business_date)
-            .bind(ctx.key.as_str())
-            .bind(ctx.lease_token)
-            .bind(count)
-            .bind(no)
-            .fetch_one(tx.conn())
-            .await?;
+            );
+            let mut q = batchonce::db::query(&sql)
+                .bind(start)
+                .bind(end)
+                .bind(after.0)
+                .bind(after.1)
+                .bind(chunk)
+                .bind(ctx.business_date)
+                .bind(ctx.key.as_str())
+                .bind(ctx.lease_token)
+                .bind(count)
+                .bind(no);
+            if let Some(m) = merchant {
+                q = q.bind(m);
+            }
+            let row = q.fetch_one(tx.conn()).await?;
             let last_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("last_at")?;
             let last_id: Option<i64> = row.try_get("last_id")?;
             let scanned: i64 = row.try_get("scanned")?;
@@ -224,24 +247,44 @@ impl Job for DailySettlement {
     }
 }
 
+/// The merchant a scoped run settles: the number that ends its scope
+/// (`seller-4711` and `4711` both name merchant 4711). `None` for an
+/// unscoped run; a scope that names no merchant fails the run at once.
+fn merchant_of(ctx: &JobContext) -> Result<Option<i64>, JobError> {
+    let Some(scope) = &ctx.scope else {
+        return Ok(None);
+    };
+    let last = scope.as_str().rsplit('-').next().unwrap_or_default();
+    match last.parse::<i64>() {
+        Ok(id) => Ok(Some(id)),
+        _ => Err(JobError::Fatal(format!(
+            "scope {scope} names no merchant: daily-settlement's scopes end in a merchant id, such as seller-4711"
+        ))),
+    }
+}
+
 /// The per-merchant totals of the run's date, from its items: an idempotent
-/// upsert, fenced by the whole run's token or the final step's.
+/// upsert, fenced by the whole run's token or the final step's. A scoped
+/// run writes its merchant's row alone.
 async fn summarize(ctx: &JobContext) -> Result<Outcome, JobError> {
     if ctx.is_cancelled() {
         return Err(JobError::Cancelled);
     }
+    let merchant = merchant_of(ctx)?;
     let mut tx = ctx.fenced().await?;
     batchonce::db::query(
         r#"
         INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
         SELECT business_date, merchant_id, count(*), sum(amount_minor)
         FROM settlement_item WHERE business_date = $1
+          AND ($2::bigint IS NULL OR merchant_id = $2)
         GROUP BY business_date, merchant_id
         ON CONFLICT ON CONSTRAINT settlement_summary_pkey DO UPDATE
         SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor
         "#,
     )
     .bind(ctx.business_date)
+    .bind(merchant)
     .execute(tx.conn())
     .await?;
     ctx.commit(tx).await?;

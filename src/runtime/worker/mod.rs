@@ -433,7 +433,7 @@ async fn run_context(
     if let Some(c) = &lease.context {
         return Ok(c.clone());
     }
-    let period = lease.key.as_str().split_once(':').map_or("", |(_, p)| p);
+    let period = lease.key.period();
     let fresh = match RunContext::for_key(cfg, lease.business_date, period) {
         Ok(c) => c,
         Err(e) => {
