@@ -59,6 +59,8 @@ pub const PRODUCER_TICKS: &str = "batchonce_producer_ticks_total";
 pub const PRODUCER_LAST_TICK: &str = "batchonce_producer_last_tick_timestamp_seconds";
 pub const RUNS: &str = "batchonce_runs";
 pub const PARTITIONS: &str = "batchonce_partitions";
+pub const SCOPES: &str = "batchonce_scopes";
+pub const SCOPES_PERIOD: &str = "batchonce_scopes_period_start_timestamp_seconds";
 pub const OLDEST_PENDING_AGE: &str = "batchonce_oldest_pending_age_seconds";
 pub const STALE_RUNS: &str = "batchonce_stale_runs";
 pub const LAST_SUCCESS: &str = "batchonce_last_success_timestamp_seconds";
@@ -104,6 +106,8 @@ pub const ALL: &[&str] = &[
     PRODUCER_LAST_TICK,
     RUNS,
     PARTITIONS,
+    SCOPES,
+    SCOPES_PERIOD,
     OLDEST_PENDING_AGE,
     STALE_RUNS,
     LAST_SUCCESS,
@@ -183,6 +187,16 @@ fn describe() {
         PARTITIONS,
         Unit::Count,
         "Partitions of partitioned runs per job and status (job, status)."
+    );
+    describe_gauge!(
+        SCOPES,
+        Unit::Count,
+        "Scoped runs of the job's newest scoped period per status (job, status)."
+    );
+    describe_gauge!(
+        SCOPES_PERIOD,
+        Unit::Seconds,
+        "Start of the period batchonce_scopes counts, as Unix time (job)."
     );
     describe_gauge!(
         OLDEST_PENDING_AGE,

@@ -465,6 +465,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                     }
                     t.print();
                 }
+                print_scopes(&st.scopes);
                 match st.oldest_pending_seconds {
                     Some(s) => println!("oldest due pending run: {s:.0}s"),
                     None => println!("oldest due pending run: none"),
@@ -487,6 +488,48 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 print_drift(&drift);
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The scoped jobs' periods under `status`: one row per period with its
+/// scopes per state, then, for each state but SUCCEEDED, the scopes in it
+/// (the first few by name, the rest counted).
+fn print_scopes(periods: &[queue::ScopePeriod]) {
+    if periods.is_empty() {
+        return;
+    }
+    let mut cols = vec![("PERIOD", Align::Left), ("SCOPES", Align::Right)];
+    cols.extend(
+        queue::RunStatus::ALL
+            .iter()
+            .map(|s| (s.as_str(), Align::Right)),
+    );
+    let mut t = Table::new(&cols);
+    for p in periods {
+        let mut row = vec![esc(&p.period_key).into_owned(), p.scopes.to_string()];
+        row.extend(p.states.iter().map(|s| s.count.to_string()));
+        t.row(row);
+    }
+    t.print();
+    for p in periods {
+        for s in p
+            .states
+            .iter()
+            .filter(|s| s.count > 0 && s.status != "SUCCEEDED")
+        {
+            let more = s.count - s.named.len() as i64;
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            println!(
+                "  {} {}: {}{more}",
+                esc(&p.period_key),
+                s.status,
+                esc(&s.named.join(", "))
+            );
         }
     }
 }

@@ -318,6 +318,9 @@ enum RunsCommand {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+        /// Only the runs of this scope (`…@<scope>`), across periods.
+        #[arg(long)]
+        scope: Option<String>,
         /// At most this many runs (1-10000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
         limit: u32,

@@ -10,7 +10,7 @@ use super::print::{distinct_fingerprints, print_drift, seconds, time, time_or_da
 use super::{validate_operator, validate_reason, RunsCommand};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::key::JobName;
+use crate::key::{JobName, Scope};
 use crate::queue::{self, RunStatus};
 use crate::runtime::job::Registry;
 use crate::text::{escape_for_terminal as esc, json_for_terminal};
@@ -163,14 +163,27 @@ pub(super) async fn runs_command(
             }
             Ok(ExitCode::SUCCESS)
         }
-        RunsCommand::List { status, job, limit } => {
+        RunsCommand::List {
+            status,
+            job,
+            scope,
+            limit,
+        } => {
             let status = match status {
                 Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
                     anyhow!("unknown status {s:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)")
                 })?),
                 None => None,
             };
-            let runs = list_runs(pool, registry, status, job.as_deref(), *limit).await?;
+            let runs = list_runs(
+                pool,
+                registry,
+                status,
+                job.as_deref(),
+                scope.as_deref(),
+                *limit,
+            )
+            .await?;
             if json_out {
                 println!("{}", json_for_terminal(&runs)?);
             } else {
@@ -461,12 +474,14 @@ async fn list_runs(
     registry: &Registry,
     status: Option<RunStatus>,
     job: Option<&str>,
+    scope: Option<&str>,
     limit: u32,
 ) -> anyhow::Result<Vec<queue::RunView>> {
     let name = job.map(JobName::parse).transpose()?;
-    let runs = queue::list_runs(pool, status, name.as_ref(), limit).await?;
+    let scope = scope.map(Scope::parse).transpose()?;
+    let runs = queue::list_runs(pool, status, name.as_ref(), scope.as_ref(), limit).await?;
     if let (Some(j), true) = (job, runs.is_empty()) {
-        if queue::list_runs(pool, None, name.as_ref(), 1)
+        if queue::list_runs(pool, None, name.as_ref(), None, 1)
             .await?
             .is_empty()
         {

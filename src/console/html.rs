@@ -61,6 +61,7 @@ pub fn page(title: &str, session: &Session, body: Markup) -> Markup {
                     strong { a href="/" { "batchonce" } }
                     a href="/" { "Overview" }
                     a href="/runs" { "Runs" }
+                    a href="/scopes" { "Scopes" }
                     a href="/stale" { "Stale" }
                     a href="/audit" { "Audit log" }
                     a href="/workers" { "Workers" }

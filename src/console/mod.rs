@@ -23,6 +23,7 @@ mod calendar;
 mod html;
 mod pages;
 mod run_page;
+mod scopes_page;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -114,6 +115,7 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
         .route("/runs/{key}/preview", post(run_page::preview))
         .route("/runs/{key}/apply", post(run_page::apply))
         .route("/jobs/{job}", get(pages::calendar))
+        .route("/scopes", get(scopes_page::scopes))
         .route("/stale", get(pages::stale))
         .route("/audit", get(pages::audit))
         .route("/workers", get(pages::workers))

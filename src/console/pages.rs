@@ -111,6 +111,7 @@ pub(crate) struct RunsQuery {
     from: Option<String>,
     to: Option<String>,
     key: Option<String>,
+    scope: Option<String>,
     /// The cursor: the last row of the previous page, `DATE|KEY`.
     after: Option<String>,
 }
@@ -163,6 +164,9 @@ fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
         from: date(opt(&q.from))?,
         to: date(opt(&q.to))?,
         key: opt(&q.key).map(|k| k.chars().take(120).collect()),
+        scope: opt(&q.scope)
+            .map(|s| crate::key::Scope::parse(s).map_err(|e| e.to_string()))
+            .transpose()?,
     })
 }
 
@@ -203,6 +207,7 @@ pub(crate) async fn runs(
             ("from", &q.from),
             ("to", &q.to),
             ("key", &q.key),
+            ("scope", &q.scope),
         ],
     );
     let next = rows.last().filter(|_| more).map(|r| {
@@ -224,6 +229,7 @@ pub(crate) async fn runs(
             label { "From" input type="date" name="from" value=(opt(&q.from).unwrap_or("")); }
             label { "To" input type="date" name="to" value=(opt(&q.to).unwrap_or("")); }
             label { "Key contains" input type="text" name="key" value=(opt(&q.key).unwrap_or("")); }
+            label { "Scope" input type="text" name="scope" value=(opt(&q.scope).unwrap_or("")); }
             button type="submit" { "Filter" }
         }
         (run_table(rows))

@@ -267,7 +267,7 @@ async fn run_on(
             println!("timed out waiting for the runs to finish");
             break;
         }
-        let all = queue::list_runs(&pool, None, None, 1000).await?;
+        let all = queue::list_runs(&pool, None, None, None, 1000).await?;
         if killed.is_none() {
             if let Some(r) = all
                 .iter()

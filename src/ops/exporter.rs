@@ -13,7 +13,10 @@
 //! the database knows (each job with runs, each job a process registered, plus zeros for the jobs
 //! of the exporter's own file without runs), judging runs by their stored policies, never by the
 //! file, and sets `batchonce_runs` (labels `job`, `status`; a partitioned run counts once),
-//! `batchonce_partitions` (the same labels, for jobs with partitioned runs),
+//! `batchonce_partitions` (the same labels, for jobs with partitioned runs), `batchonce_scopes`
+//! (the same labels: the scoped runs of the job's newest scoped period, for jobs with scoped runs;
+//! five series per job whatever the number of scopes) with
+//! `batchonce_scopes_period_start_timestamp_seconds` (label `job`: which period that is),
 //! `batchonce_oldest_pending_age_seconds`, `batchonce_stale_runs`,
 //! `batchonce_last_success_timestamp_seconds` (only for a job that has succeeded: never 0),
 //! `batchonce_newest_failure_timestamp_seconds` (the label `BatchonceRunFailed` carries, so a
@@ -54,6 +57,18 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
             for (status, n) in &g.partitions {
                 metrics::gauge!(telemetry::PARTITIONS, "job" => job.clone(), "status" => status.clone())
                     .set(*n as f64);
+            }
+        }
+        // Scopes likewise: the newest scoped period's runs per status, five
+        // series per scoped job however many scopes it has; which scopes
+        // are in a state is for `status` and the console to say.
+        if g.scopes.iter().any(|(_, n)| *n > 0) {
+            for (status, n) in &g.scopes {
+                metrics::gauge!(telemetry::SCOPES, "job" => job.clone(), "status" => status.clone())
+                    .set(*n as f64);
+            }
+            if let Some(t) = g.scope_period_start_unix {
+                metrics::gauge!(telemetry::SCOPES_PERIOD, "job" => job.clone()).set(t);
             }
         }
         metrics::gauge!(telemetry::OLDEST_PENDING_AGE, "job" => job.clone())

@@ -28,6 +28,8 @@
 //! - `partitions.rs`: partitioned runs: the `Step` a lease is for and a
 //!   parent's partitions (the rules live in the migration's trigger).
 //! - `runs.rs`: `runs list`, `runs show` and a run's operator history.
+//! - `scopes.rs`: how many scopes of a scoped job's period are in each
+//!   state, and which (`status`, the console).
 //! - `search.rs`: the console's filtered, keyset-paged run lists, each job's
 //!   newest run, and the audit log.
 //! - `views.rs`: `status`, `stale_runs` and the exporter's `gauges`, which
@@ -47,6 +49,7 @@ mod finish;
 mod lease;
 mod partitions;
 mod runs;
+mod scopes;
 mod search;
 mod views;
 
@@ -68,6 +71,7 @@ pub use lease::{
 };
 pub use partitions::{is_waiting, partitions, Step, WAITING_YEAR};
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
+pub use scopes::{scope_periods, ScopePeriod, ScopeState, MAX_PERIODS, NAMED as NAMED_SCOPES};
 pub use search::{
     audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,
 };

@@ -10,7 +10,7 @@ use sqlx::{PgPool, Row};
 
 use super::{context, QueueError, RunStatus};
 use crate::config::context::RunContext;
-use crate::key::{JobKey, JobName};
+use crate::key::{JobKey, JobName, Scope};
 
 /// One run as the inspection commands show it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -44,6 +44,8 @@ pub struct RunView {
     pub step: super::Step,
     /// A partition's parent run.
     pub partition_of: Option<String>,
+    /// The scope the key names (`…@seller-4711`), for a scoped run.
+    pub scope: Option<String>,
 }
 
 fn serialize_context<S: serde::Serializer>(
@@ -77,7 +79,7 @@ pub(super) const RUN_COLUMNS: &str =
     r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
     r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
     r.failed_count, r.error_message, now() AS read_at, r.partition_no::int AS partition_no, \
-    r.partition_count::int AS partition_count, r.partition_of";
+    r.partition_count::int AS partition_count, r.partition_of, r.scope::text AS scope";
 
 pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     Ok(RunView {
@@ -102,6 +104,7 @@ pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
         context: context::from_row(row)?,
         step: super::Step::from_row(row)?,
         partition_of: row.try_get("partition_of")?,
+        scope: row.try_get("scope")?,
     })
 }
 
@@ -111,12 +114,13 @@ pub async fn list_runs(
     pool: &PgPool,
     status: Option<RunStatus>,
     job: Option<&JobName>,
+    scope: Option<&Scope>,
     limit: u32,
 ) -> Result<Vec<RunView>, QueueError> {
     let sql = format!(
         "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
          WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
-           AND r.partition_of IS NULL \
+           AND ($4::text IS NULL OR r.scope = $4) AND r.partition_of IS NULL \
          ORDER BY r.business_date DESC, r.job_key LIMIT $3",
         context::COLUMNS
     );
@@ -125,6 +129,7 @@ pub async fn list_runs(
         .bind(status.map(RunStatus::as_str))
         .bind(job.map(JobName::as_str))
         .bind(limit as i64)
+        .bind(scope.map(Scope::as_str))
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;

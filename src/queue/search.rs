@@ -16,7 +16,7 @@ use sqlx::{PgPool, Row};
 
 use super::runs::{run_from_row, RUN_COLUMNS};
 use super::{context, QueueError, RunStatus, RunView};
-use crate::key::JobName;
+use crate::key::{JobName, Scope};
 
 /// Which runs a list shows; every field narrows it.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +29,8 @@ pub struct RunFilter {
     pub to: Option<NaiveDate>,
     /// Part of the key, matched as text (no pattern characters).
     pub key: Option<String>,
+    /// Only the runs of this scope.
+    pub scope: Option<Scope>,
 }
 
 /// Where a page of runs ends: the next page starts after it.
@@ -54,7 +56,7 @@ pub async fn search_runs(
            AND ($5::text IS NULL OR strpos(r.job_key, $5) > 0) \
            AND ($6::date IS NULL OR r.business_date < $6 \
                 OR (r.business_date = $6 AND r.job_key > $7)) \
-           AND r.partition_of IS NULL \
+           AND ($9::text IS NULL OR r.scope = $9) AND r.partition_of IS NULL \
          ORDER BY r.business_date DESC, r.job_key LIMIT $8",
         context::COLUMNS
     );
@@ -68,6 +70,7 @@ pub async fn search_runs(
         .bind(after.map(|c| c.business_date))
         .bind(after.map(|c| c.job_key.as_str()))
         .bind(limit as i64)
+        .bind(filter.scope.as_ref().map(Scope::as_str))
         .fetch_all(stmt.conn())
         .await?;
     stmt.done().await?;

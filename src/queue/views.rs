@@ -27,8 +27,10 @@
 //!   zeros included), the age of the oldest due PENDING run (0 when none), stale runs by the same
 //!   rule as `stale_runs`, the last SUCCEEDED `finished_at` as Unix time (`None` if never), the
 //!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
-//!   (SUCCEEDED or SKIPPED) that has begun, the most `attempts` among PENDING and RUNNING runs, and
-//!   RUNNING runs with an expired lease. A job without runs gets zeros, so the alert rules always
+//!   (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every scope of it is done),
+//!   the most `attempts` among PENDING and RUNNING runs, and
+//!   RUNNING runs with an expired lease, and the scoped runs of the job's newest scoped period per
+//!   status with that period's start. A job without runs gets zeros, so the alert rules always
 //!   see a series.
 
 use chrono::{DateTime, Utc};
@@ -96,6 +98,9 @@ pub struct QueueStatus {
     pub expired_leases: i64,
     /// Stale runs with their conclusions: exactly what [`stale_runs`] says.
     pub stale: Vec<StaleBrief>,
+    /// Scoped jobs' periods: each job's newest, and older ones with scopes
+    /// not done, with their scopes per state ([`super::scope_periods`]).
+    pub scopes: Vec<super::ScopePeriod>,
 }
 
 /// A stale run as `status` lists it: its key and the conclusion
@@ -157,12 +162,14 @@ pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueErr
             conclusion: r.conclusion,
         })
         .collect();
+    let scopes = super::scope_periods(pool, None, 1).await?;
     Ok(QueueStatus {
         counts,
         partitions,
         oldest_pending_seconds: oldest,
         expired_leases: expired,
         stale,
+        scopes,
     })
 }
 
@@ -293,6 +300,13 @@ pub struct JobGauges {
     pub last_done_period_start_unix: Option<f64>,
     pub current_attempts: i64,
     pub expired_leases: i64,
+    /// The scoped runs of the job's newest scoped period per status (all
+    /// zero for a job without scoped runs): bounded by jobs and states,
+    /// never one series per scope.
+    pub scopes: Vec<(String, i64)>,
+    /// The start of that period, `None` for a job without scoped runs (or
+    /// one whose runs store no period).
+    pub scope_period_start_unix: Option<f64>,
 }
 
 /// Reads every gauge the exporter publishes, in one statement, for every
@@ -340,15 +354,44 @@ pub async fn gauges(
           (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
               AND status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
+          -- A scoped period is done when all of its scopes are: a done
+          -- scope's run counts only if no scope of its period is open (the
+          -- open ones are few, read through the status indexes and hashed).
           (SELECT extract(epoch FROM max(period_start))::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
               AND status IN ('SUCCEEDED', 'SKIPPED') AND period_start <= t.now
-              AND r.partition_of IS NULL) AS last_done,
+              AND r.partition_of IS NULL
+              AND (r.scope IS NULL
+                   OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
+                      SELECT o.business_date, split_part(o.job_key, '@', 1)
+                      FROM batch_job_run o
+                      WHERE o.job_name = f.job_name AND o.scope IS NOT NULL
+                        AND o.partition_of IS NULL
+                        AND o.status IN ('PENDING', 'RUNNING', 'FAILED')))) AS last_done,
           (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
              WHERE r.job_name = f.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name
-              AND j.lease_expires_at <= j.now) AS expired
+              AND j.lease_expires_at <= j.now) AS expired,
+          (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
+             (SELECT status, count(*) AS n FROM batch_job_run r
+              WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
+                AND r.partition_of IS NULL AND r.business_date = sd.d
+                AND split_part(r.job_key, '@', 1) = sp.period GROUP BY status) s) AS scopes,
+          (SELECT extract(epoch FROM min(period_start))::float8 FROM batch_job_run r
+              WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
+                AND r.partition_of IS NULL AND r.business_date = sd.d
+                AND split_part(r.job_key, '@', 1) = sp.period) AS scope_period
         FROM jobs f CROSS JOIN t
+        -- The newest scoped period: its business date through the
+        -- (job_name, business_date) index, then the greatest period key of
+        -- that date (several for a sub-daily job).
+        LEFT JOIN LATERAL (
+            SELECT max(r.business_date) AS d FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL) sd ON true
+        LEFT JOIN LATERAL (
+            SELECT max(split_part(r.job_key, '@', 1)) AS period FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL AND r.business_date = sd.d) sp
+          ON true
         ORDER BY f.job_name
         "#
     );
@@ -373,6 +416,7 @@ pub async fn gauges(
             };
             let runs = per_status("runs")?;
             let partitions = per_status("partitions")?;
+            let scopes = per_status("scopes")?;
             Ok((
                 JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
                 JobGauges {
@@ -385,6 +429,8 @@ pub async fn gauges(
                     last_done_period_start_unix: r.try_get("last_done")?,
                     current_attempts: r.try_get("attempts")?,
                     expired_leases: r.try_get("expired")?,
+                    scopes,
+                    scope_period_start_unix: r.try_get("scope_period")?,
                 },
             ))
         })

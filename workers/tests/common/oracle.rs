@@ -27,7 +27,8 @@ pub struct Settled {
     /// Items whose run's stored period does not contain the order's payment
     /// time, or whose business date is not that run's date, or whose run
     /// does not exist, or that a partition wrote for an order of another
-    /// partition.
+    /// partition, or that a scoped run wrote for a merchant its scope does
+    /// not name.
     pub wrong_run: i64,
     /// Items whose token is not the token of an attempt of their own run.
     pub foreign_token: i64,
@@ -117,15 +118,19 @@ pub async fn settlement(pool: &PgPool) -> Settled {
     let sql = r#"
         WITH runs AS (
             SELECT job_key, period_start, period_end,
-                   (period_start AT TIME ZONE timezone)::date AS business_date
+                   (period_start AT TIME ZONE timezone)::date AS business_date,
+                   (regexp_match(scope, '([0-9]+)$'))[1]::bigint AS merchant_id
             FROM batch_job_run
             WHERE job_name = 'daily-settlement' AND period_start IS NOT NULL
               AND partition_of IS NULL
         ),
+        -- Each order with the run it belongs to: its period's run, or for
+        -- scoped runs the run of its period whose scope names its merchant.
         scope AS (
             SELECT o.order_id, o.merchant_id, o.amount_minor, r.job_key, r.business_date
             FROM orders o JOIN runs r
               ON o.paid_at >= r.period_start AND o.paid_at < r.period_end
+             AND (r.merchant_id IS NULL OR r.merchant_id = o.merchant_id)
         ),
         items AS (
             SELECT i.*, pg_xact_commit_timestamp(i.xmin) AS committed_at

@@ -1,0 +1,152 @@
+//! Read views of scoped runs (migration `20261204000003_scopes.sql`): how
+//! many scopes of a job's period are in each state, and which. `status`, the
+//! console and the exporter read them; nothing here writes.
+//!
+//! A scoped job's period is one run per scope (`<job>:<period>@<scope>`). A
+//! view groups those runs by job and period (the key before the `@`), counts
+//! each state and names the first [`NAMED`] scopes of each state in order,
+//! so a period of 10,000 scopes reads as one line and the few that need
+//! attention. A scoped run's partitions are not counted: the run counts
+//! once, as a partitioned run does everywhere else.
+
+use chrono::NaiveDate;
+use sqlx::{PgPool, Row};
+
+use super::{QueueError, RunStatus};
+use crate::key::JobName;
+
+/// How many scopes of one state a view names; the rest are counted.
+pub const NAMED: usize = 10;
+
+/// How many periods one view lists at most, whatever the number of jobs.
+pub const MAX_PERIODS: i64 = 50;
+
+/// One period of a scoped job: its scopes' runs per state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ScopePeriod {
+    pub job_name: String,
+    /// The period's key without a scope, e.g. `daily-settlement:2026-09-15`.
+    pub period_key: String,
+    pub business_date: NaiveDate,
+    /// Scoped runs of the period.
+    pub scopes: i64,
+    /// Every state (zeros included), in the order of [`RunStatus::ALL`].
+    pub states: Vec<ScopeState>,
+}
+
+/// The scopes of a period in one state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ScopeState {
+    pub status: String,
+    pub count: i64,
+    /// The first [`NAMED`] of them, in order; `count` says how many more.
+    pub named: Vec<String>,
+}
+
+impl ScopePeriod {
+    /// The scopes in `status`.
+    pub fn state(&self, status: RunStatus) -> Option<&ScopeState> {
+        self.states.iter().find(|s| s.status == status.as_str())
+    }
+
+    /// Scopes not done: neither SUCCEEDED nor SKIPPED.
+    pub fn open(&self) -> i64 {
+        self.states
+            .iter()
+            .filter(|s| s.status != "SUCCEEDED" && s.status != "SKIPPED")
+            .map(|s| s.count)
+            .sum()
+    }
+}
+
+/// The periods of scoped jobs (of `job`, or of every job) an operator needs:
+/// the `newest` periods of each job, and every older one with a scope not
+/// done (PENDING, RUNNING or FAILED), newest first within a job, at most
+/// [`MAX_PERIODS`] in all.
+pub async fn scope_periods(
+    pool: &PgPool,
+    job: Option<&JobName>,
+    newest: i64,
+) -> Result<Vec<ScopePeriod>, QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        r#"
+        WITH p AS (
+            SELECT r.job_name::text AS job_name, split_part(r.job_key, '@', 1) AS period_key,
+                   min(r.business_date) AS business_date,
+                   count(*) FILTER (WHERE r.status NOT IN ('SUCCEEDED', 'SKIPPED')) AS open
+            FROM batch_job_run r
+            WHERE r.scope IS NOT NULL AND r.partition_of IS NULL
+              AND ($1::text IS NULL OR r.job_name = $1)
+            GROUP BY 1, 2
+        ), chosen AS (
+            SELECT job_name, period_key, business_date FROM (
+                SELECT p.*, row_number() OVER (PARTITION BY job_name
+                                               ORDER BY period_key DESC) AS rn
+                FROM p) x
+            WHERE rn <= $2 OR open > 0
+            ORDER BY job_name, period_key DESC
+            LIMIT $3
+        )
+        SELECT c.job_name, c.period_key, c.business_date, r.status, count(*) AS n,
+               (array_agg(r.scope::text ORDER BY r.scope))[1:$4] AS named
+        FROM chosen c
+        JOIN batch_job_run r
+          ON r.job_name = c.job_name AND r.business_date = c.business_date
+         AND r.scope IS NOT NULL AND r.partition_of IS NULL
+         AND split_part(r.job_key, '@', 1) = c.period_key
+        GROUP BY 1, 2, 3, 4
+        ORDER BY 1, 2 DESC
+        "#,
+    )
+    .bind(job.map(JobName::as_str))
+    .bind(newest.max(1))
+    .bind(MAX_PERIODS)
+    .bind(NAMED as i32)
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    let mut out: Vec<ScopePeriod> = Vec::new();
+    for r in &rows {
+        let job_name: String = r.try_get("job_name")?;
+        let period_key: String = r.try_get("period_key")?;
+        let state = ScopeState {
+            status: r.try_get("status")?,
+            count: r.try_get("n")?,
+            named: r
+                .try_get::<Option<Vec<String>>, _>("named")?
+                .unwrap_or_default(),
+        };
+        match out.last_mut() {
+            Some(p) if p.job_name == job_name && p.period_key == period_key => {
+                p.scopes += state.count;
+                p.states.push(state);
+            }
+            _ => out.push(ScopePeriod {
+                job_name,
+                period_key,
+                business_date: r.try_get("business_date")?,
+                scopes: state.count,
+                states: vec![state],
+            }),
+        }
+    }
+    // Every state, zeros included and in one order, so a reader (and a
+    // table) never has to ask whether a missing state means none.
+    for p in &mut out {
+        let mut states = Vec::with_capacity(RunStatus::ALL.len());
+        for st in RunStatus::ALL {
+            let found = p.states.iter().position(|s| s.status == st.as_str());
+            states.push(match found {
+                Some(i) => p.states.swap_remove(i),
+                None => ScopeState {
+                    status: st.as_str().to_owned(),
+                    count: 0,
+                    named: Vec::new(),
+                },
+            });
+        }
+        p.states = states;
+    }
+    Ok(out)
+}
