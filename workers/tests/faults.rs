@@ -1,7 +1,8 @@
 //! The fault suite: a settlement workload over several dates, several real
 //! worker processes, and the faults production brings (SIGKILL, SIGSTOP
 //! past the lease, PostgreSQL restarts, terminated sessions, racing
-//! producers, a starved pool, SIGTERM under load). Every scenario ends with
+//! producers, a starved pool, SIGTERM under load, partitioned and scoped
+//! runs). Every scenario ends with
 //! the same invariant check: every run SUCCEEDED, every order settled once,
 //! totals equal to the source, and every item written by an attempt that
 //! held the run's lease at the time.
@@ -332,20 +333,11 @@ fn fault_every() -> Duration {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_random_workers_and_restart_them() {
-    let (_db, mut rig) = rig("fault-sigkill").await;
-    let (_, _, n) = size();
-    rig.start_workers(n, &[]);
-    rig.wait_items(100).await;
+/// SIGKILLs a worker every `every` (the first time one that holds a lease)
+/// and restarts it, until every run has succeeded; returns how long the
+/// workload took to finish after the last kill.
+async fn sigkill_storm(rig: &mut Rig, n: usize, every: Duration) -> Duration {
     let mut last_fault = Instant::now();
-    // Longer apart than a takeover takes (lease ttl 2s plus the rescuer's
-    // interval), or no run could ever finish: the point is recovery.
-    let every = if full() {
-        Duration::from_secs(5)
-    } else {
-        Duration::from_secs(3)
-    };
     let mut first = true;
     while !rig.all_succeeded().await {
         if !first {
@@ -378,8 +370,24 @@ async fn sigkill_random_workers_and_restart_them() {
         rig.assert_progressing().await;
     }
     rig.wait_all_succeeded().await;
-    let recover = last_fault.elapsed();
     assert!(rig.faults >= 1, "no worker was killed");
+    last_fault.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_random_workers_and_restart_them() {
+    let (_db, mut rig) = rig("fault-sigkill").await;
+    let (_, _, n) = size();
+    rig.start_workers(n, &[]);
+    rig.wait_items(100).await;
+    // Longer apart than a takeover takes (lease ttl 2s plus the rescuer's
+    // interval), or no long run could ever finish: the point is recovery.
+    let every = if full() {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(3)
+    };
+    let recover = sigkill_storm(&mut rig, n, every).await;
     let expired = rig
         .count("SELECT count(*) FROM batch_job_attempt WHERE outcome = 'lease_expired'")
         .await;
@@ -842,4 +850,66 @@ async fn partition_holders_killed_and_stopped_are_taken_over_alone() {
         "a final step started before a partition of its run finished"
     );
     rig.check("partitions", taken_over).await;
+}
+
+/// Scenario 9: scoped runs, one per merchant and date (13 scopes from a
+/// list, enqueued with `--all-scopes`), under the SIGKILL storm of the first
+/// scenario. Every scope's run succeeds once, and the oracle holds with each
+/// item written by the run whose scope names its merchant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_storms_over_scoped_runs() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    // seed_orders spreads each date's orders over merchants 1 to 13.
+    let scopes: Vec<String> = (1..=13).map(|m| format!("\"seller-{m}\"")).collect();
+    let mut rig = Rig::with_job_keys(
+        "fault-scopes",
+        &db.url,
+        db.pool.clone(),
+        false,
+        &format!("scopes = [{}]\n", scopes.join(", ")),
+    )
+    .await;
+    let first = rig.dates[0].to_string();
+    let last = rig.dates[rig.dates.len() - 1].to_string();
+    let out = rig
+        .command(&[
+            "enqueue",
+            "daily-settlement",
+            "--from",
+            &first,
+            "--to",
+            &last,
+            "--all-scopes",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs = rig
+        .count("SELECT count(*) FROM batch_job_run WHERE scope IS NOT NULL")
+        .await;
+    assert_eq!(runs, 13 * rig.dates.len() as i64);
+    let (_, _, n) = size();
+    rig.start_workers(n, &[]);
+    rig.wait_items(100).await;
+    // A scope's run is short (one merchant's orders), so the storm is
+    // denser than the first scenario's: several kills land mid-run.
+    let every = if full() {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_millis(700)
+    };
+    let recover = sigkill_storm(&mut rig, n, every).await;
+    assert!(rig.faults >= 2, "the storm ended after {} kill(s)", rig.faults);
+    let succeeded_twice = rig
+        .count(
+            "SELECT count(*) FROM (SELECT job_key FROM batch_job_attempt \
+             WHERE outcome = 'succeeded' GROUP BY 1 HAVING count(*) > 1) x",
+        )
+        .await;
+    assert_eq!(succeeded_twice, 0, "a scope's run succeeded twice");
+    rig.check("scopes", recover).await;
 }
