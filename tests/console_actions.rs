@@ -2,7 +2,8 @@
 //! two operators acting at once get one winner, the calendar shows missing
 //! and skipped periods from the recorded schedule, the run list pages
 //! through any number of runs, and an action behind a held row names the
-//! holder and can end it, audited.
+//! holder and can end it, audited; a partitioned run is listed once; and
+//! the Scopes page counts a period's scopes per state and names them.
 
 mod common;
 
@@ -347,4 +348,66 @@ async fn a_partitioned_run_is_listed_once_and_its_page_shows_its_partitions() {
         .await
         .unwrap();
     assert!(part.contains("2 of 3 of"), "{part}");
+}
+
+#[tokio::test]
+async fn the_scopes_page_counts_a_periods_scopes_per_state_and_names_them() {
+    let c = start(None).await;
+    let date = NaiveDate::from_ymd_opt(2026, 9, 15).unwrap();
+    let cfg = batchonce::JobConfig::default();
+    let runs: Vec<_> = (1..=14)
+        .map(|i| {
+            let key = batchonce::JobKey::parse(&format!("settle:2026-09-15@seller-{i}")).unwrap();
+            batchonce::queue::NewRun::new(key, date, &cfg).unwrap()
+        })
+        .collect();
+    batchonce::queue::enqueue(&c.db.pool, &runs, batchonce::Clock::Db)
+        .await
+        .unwrap();
+    // Two scopes FAILED, the rest still PENDING (set directly: the page
+    // reads states, however they came about).
+    sqlx::query(
+        "UPDATE batch_job_run SET status = 'FAILED', finished_at = now(), error_message = 'x' \
+         WHERE scope IN ('seller-3', 'seller-12')",
+    )
+    .execute(&c.db.pool)
+    .await
+    .unwrap();
+    let op = c.login("alice").await;
+    let page = c
+        .get_as(&op.cookie, "/scopes?job=settle")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("settle:2026-09-15 — 14 scopes, 14 not done"),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            "href=\"/runs?job=settle&amp;status=FAILED&amp;key=settle%3A2026-09-15%40\">2</a>"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("href=\"/runs/settle%3A2026-09-15%40seller-12\">seller-12</a>"),
+        "{page}"
+    );
+    // Twelve PENDING: ten by name (in text order), then the count of the
+    // rest.
+    assert!(page.contains("seller-7</a> and <a"), "{page}");
+    assert!(page.contains(">2 more</a>"), "{page}");
+    // The run list filters by scope; a bad scope is one clear refusal.
+    let list = c
+        .get_as(&op.cookie, "/runs?scope=seller-3")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(list.matches("href=\"/runs/settle%3A").count(), 1, "{list}");
+    let bad = c.get_as(&op.cookie, "/runs?scope=Seller%203").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let bad = c.get_as(&op.cookie, "/scopes?periods=0").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 }

@@ -695,7 +695,13 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     // previous release enqueues the 11th. Once old-3 has settled the 11th,
     // it has passed over the earlier-due partitions, which are untouched;
     // a worker of this release then runs them and the final step.
-    for i in [10, 11] {
+    //
+    // Scoped runs (migration 20261204000003) likewise: this release also
+    // enqueues the 12th as one run per merchant (scopes seller-1 to
+    // seller-13, the merchants of the workload), which the previous
+    // release's pick leaves alone (it cannot parse their keys) and this
+    // release's worker settles, one merchant each.
+    for i in [10, 11, 12] {
         common::seed_orders(d.pool(), day(i), i64::from(i) * 1_000_000, 300).await;
     }
     let shared = d.config.clone();
@@ -711,6 +717,32 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     let parted = format!("{JOB}:{}", day(10));
     let out = d.run_new(&["enqueue", JOB, "--date", &day(10).to_string()]);
     assert_eq!(out.trim(), format!("enqueued {parted}"));
+    d.config = d.dir.join("scoped.toml");
+    let sellers: Vec<String> = (1..=13).map(|m| format!("\"seller-{m}\"")).collect();
+    std::fs::write(
+        &d.config,
+        std::fs::read_to_string(&shared).unwrap().replace(
+            "[jobs.daily-settlement]\n",
+            &format!(
+                "[jobs.daily-settlement]\nscopes = [{}]\n",
+                sellers.join(", ")
+            ),
+        ),
+    )
+    .unwrap();
+    let scoped = format!("{JOB}:{}", day(12));
+    let out = d.run_new(&[
+        "enqueue",
+        JOB,
+        "--date",
+        &day(12).to_string(),
+        "--all-scopes",
+    ]);
+    assert_eq!(out.matches("enqueued ").count(), 13, "{out}");
+    assert!(
+        out.contains(&format!("enqueued {scoped}@seller-13")),
+        "{out}"
+    );
     d.config = shared;
     let whole = format!("{JOB}:{}", day(11));
     d.run_old(&["enqueue", JOB, "--date", &day(11).to_string()]);
@@ -736,7 +768,15 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         touched, 0,
         "the previous release claimed part of a partitioned run"
     );
+    let touched = scalar(
+        d.pool(),
+        "SELECT count(*) FROM batch_job_run WHERE scope IS NOT NULL \
+         AND (status <> 'PENDING' OR attempts > 0)",
+    )
+    .await;
+    assert_eq!(touched, 0, "the previous release claimed a scoped run");
     inspect(&d, &parted);
+    inspect(&d, &format!("{scoped}@seller-7"));
     d.start_worker(Path::new(NEW), "new-3");
     d.wait_until("new-3 to run the partitioned 10th", Duration::from_secs(60), || async {
         scalar(
@@ -747,13 +787,38 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
             == 1
     })
     .await;
+    d.wait_until(
+        "new-3 to run the 12th's 13 scopes",
+        Duration::from_secs(60),
+        || async {
+            scalar(
+            d.pool(),
+            "SELECT count(*) FROM batch_job_run WHERE scope IS NOT NULL AND status = 'SUCCEEDED'",
+        )
+        .await
+            == 13
+        },
+    )
+    .await;
+    let by_other_merchant = scalar(
+        d.pool(),
+        &format!(
+            "SELECT count(*) FROM settlement_item i JOIN batch_job_run r USING (job_key) \
+             WHERE r.job_key LIKE '{scoped}@%' AND r.scope <> 'seller-' || i.merchant_id"
+        ),
+    )
+    .await;
+    assert_eq!(
+        by_other_merchant, 0,
+        "a scoped run settled another merchant"
+    );
     d.stop("old-3");
     d.stop("new-3");
     for id in ["old-3", "new-3"] {
         let bad = schema_errors(&d.read_log(id));
         assert!(bad.is_empty(), "{id} logged errors:\n{}", bad.join("\n"));
     }
-    check_settlement(d.pool(), 9).await;
+    check_settlement(d.pool(), 10).await;
 }
 
 /// The previous release's `runs list`, `runs show`, `runs stale` and
