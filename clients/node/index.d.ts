@@ -2,7 +2,8 @@ import type { Client, Pool, PoolClient } from 'pg';
 
 /** The run a command job works on, from the worker's environment. */
 export interface RunContext {
-  /** The run's key, e.g. `nightly-invoices:2026-09-15`. */
+  /** The run's key, e.g. `nightly-invoices:2026-09-15`, or for a scoped run
+   *  `daily-settlement:2026-09-15@seller-4711` (a partition of it adds `.p<n>`). */
   readonly key: string;
   readonly job: string;
   /** `YYYY-MM-DD`. */
@@ -22,7 +23,6 @@ export interface RunContext {
   readonly leaseTtlMs: number | null;
   /** `BATCHONCE_PAYLOAD`, parsed (`{}` when it is not set). */
   readonly payload: unknown;
-  /** `BATCHONCE_DATABASE_URL` (or `DATABASE_URL`), given with `database_url_env`. */
   /** `whole`, or for a job with `partitions = N`: `partition` (this run is
    *  one partition of its business period) or `final` (every partition
    *  succeeded; do what must happen once, such as a summary). */
@@ -33,6 +33,11 @@ export interface RunContext {
   readonly partition: number | null;
   /** The run's number of partitions; `null` for a whole run. */
   readonly partitions: number | null;
+  /** For a job with `scopes`: the scope this run is about (`seller-4711`,
+   *  from `BATCHONCE_SCOPE`, the same as the key's `@<scope>`); work only on
+   *  that scope's items. `null` for an unscoped run. */
+  readonly scope: string | null;
+  /** `BATCHONCE_DATABASE_URL` (or `DATABASE_URL`), given with `database_url_env`. */
   readonly databaseUrl: string | null;
 }
 
@@ -87,7 +92,7 @@ export interface EnqueueReport {
   skipped: string[];
 }
 /**
- * Enqueues a declared daily job for each date (a `YYYY-MM-DD` string, or a Date
+ * Enqueues a declared daily (unscoped) job for each date (a `YYYY-MM-DD` string, or a Date
  * taken at its UTC calendar date), 1 to 366 of them within 1970-01-01..2199-12-31.
  */
 export function enqueue(
@@ -113,9 +118,10 @@ export class StoppedError extends Error {
   constructor();
 }
 export class EnqueueError extends Error {
-  constructor(message: string, code: 'BO002' | 'BO003' | 'BO004' | '22023');
-  /** `BO002` no live process declares the job, `BO003` they disagree, `BO004` a per-firing job, `22023` bad input. */
-  readonly code: 'BO002' | 'BO003' | 'BO004' | '22023';
+  constructor(message: string, code: 'BO002' | 'BO003' | 'BO004' | 'BO005' | '22023');
+  /** `BO002` no live process declares the job, `BO003` they disagree, `BO004` a per-firing job,
+   *  `BO005` a scoped job (its runs are enqueued per scope, by the producer or `batchonce enqueue`), `22023` bad input. */
+  readonly code: 'BO002' | 'BO003' | 'BO004' | 'BO005' | '22023';
 }
 
 /** The partition (1..partitions) of an item key, equal to the database's

@@ -86,6 +86,17 @@ const INSTANT = /^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}
 const INT64_MIN = -(2n ** 63n);
 const INT64_MAX = 2n ** 63n - 1n;
 
+// What follows `<job>:` in a key: the period, an optional `@<scope>` and an
+// optional partition suffix, the rule of the schema's CHECK.
+const KEY_REST = /^[0-9T:-]+(?:@([a-z0-9]+(?:-[a-z0-9]+)*))?(?:\.p[1-9]\d{0,2})?$/;
+const SCOPE = /^[a-z0-9]+(-[a-z0-9]+)*$/;
+const MAX_SCOPE_LEN = 36;
+
+/** Whether `s` is a scope: 1-36 lowercase letters, digits and single dashes. */
+function isScope(s) {
+  return typeof s === 'string' && s.length <= MAX_SCOPE_LEN && SCOPE.test(s);
+}
+
 function isTimeZone(tz) {
   try {
     new Intl.DateTimeFormat('en-US', { timeZone: tz });
@@ -113,9 +124,12 @@ function context(env = process.env) {
   if (!/^[a-z0-9]+(-[a-z0-9]+)*$/.test(job)) {
     throw new ContextError(`BATCHONCE_JOB_NAME is ${JSON.stringify(job)}: expected a job name such as nightly-invoices`);
   }
-  if (!key.startsWith(`${job}:`) || !/^[0-9T:-]+(\.p[1-9]\d{0,2})?$/.test(key.slice(job.length + 1))) {
-    throw new ContextError(`BATCHONCE_JOB_KEY is ${JSON.stringify(key)}: expected ${job}:<period>, e.g. ${job}:2026-09-15`);
+  // <job>:<period>[@<scope>][.p<n>]: a scoped run's key names its scope.
+  const keyParts = key.startsWith(`${job}:`) ? KEY_REST.exec(key.slice(job.length + 1)) : null;
+  if (!keyParts || (keyParts[1] !== undefined && !isScope(keyParts[1]))) {
+    throw new ContextError(`BATCHONCE_JOB_KEY is ${JSON.stringify(key)}: expected ${job}:<period> or ${job}:<period>@<scope>, e.g. ${job}:2026-09-15 or ${job}:2026-09-15@seller-4711`);
   }
+  const keyScope = keyParts[1] === undefined ? null : keyParts[1];
   const businessDate = parseDate('BATCHONCE_BUSINESS_DATE', need('BATCHONCE_BUSINESS_DATE'));
   const attemptText = need('BATCHONCE_ATTEMPT');
   if (!/^[1-9]\d{0,8}$/.test(attemptText)) {
@@ -174,6 +188,18 @@ function context(env = process.env) {
   if ((step === 'partition') !== /\.p\d+$/.test(key)) {
     throw new ContextError(`BATCHONCE_JOB_KEY ${JSON.stringify(key)} does not match BATCHONCE_STEP ${step}`);
   }
+  // A scoped run's scope: the worker sets BATCHONCE_SCOPE to the scope its
+  // key names, and leaves it unset for an unscoped run.
+  let scope = null;
+  if (env.BATCHONCE_SCOPE !== undefined && env.BATCHONCE_SCOPE !== '') {
+    scope = env.BATCHONCE_SCOPE;
+    if (!isScope(scope)) {
+      throw new ContextError(`BATCHONCE_SCOPE is ${JSON.stringify(scope)}: expected a scope of 1-36 lowercase letters, digits and single dashes, e.g. seller-4711`);
+    }
+  }
+  if (scope !== keyScope) {
+    throw new ContextError(`BATCHONCE_JOB_KEY ${JSON.stringify(key)} does not match BATCHONCE_SCOPE ${scope === null ? '(not set)' : scope}`);
+  }
   const timezone = need('BATCHONCE_TIMEZONE');
   if (!isTimeZone(timezone)) {
     throw new ContextError(`BATCHONCE_TIMEZONE is ${JSON.stringify(timezone)}: expected an IANA time zone such as Asia/Seoul`);
@@ -193,6 +219,7 @@ function context(env = process.env) {
     step,
     partition,
     partitions,
+    scope,
     databaseUrl: env.BATCHONCE_DATABASE_URL || env.DATABASE_URL || null,
   });
 }
@@ -384,7 +411,8 @@ function isoDate(d) {
  * statement. The job's configuration comes from the live batchonce
  * processes that declare it. Resolves to the keys enqueued, the ones that
  * already existed (duplicates, untouched) and the ones the business
- * calendar skips (recorded as SKIPPED).
+ * calendar skips (recorded as SKIPPED). A scoped job is refused (BO005):
+ * its runs are enqueued per scope, by its producer or `batchonce enqueue`.
  */
 async function enqueue(client, { job, dates, payload = {} } = {}) {
   if (typeof job !== 'string' || !/^[a-z0-9]+(-[a-z0-9]+)*$/.test(job)) {
@@ -403,7 +431,7 @@ async function enqueue(client, { job, dates, payload = {} } = {}) {
       [job, list, json],
     ));
   } catch (e) {
-    if (e && ['BO002', 'BO003', 'BO004', '22023'].includes(e.code)) {
+    if (e && ['BO002', 'BO003', 'BO004', 'BO005', '22023'].includes(e.code)) {
       throw new EnqueueError(e.message, e.code);
     }
     throw e;

@@ -181,6 +181,71 @@ test('the context is read and every bad variable is one clear error', () => {
   }
 });
 
+test('a scoped run\'s context names its scope, and a scope that disagrees with the key is refused', () => {
+  const env = envOf('settle:2026-09-15@seller-4711', 'settle', '7', { BATCHONCE_SCOPE: 'seller-4711' });
+  const ctx = batchonce.context(env);
+  assert.equal(ctx.key, 'settle:2026-09-15@seller-4711');
+  assert.equal(ctx.scope, 'seller-4711');
+  assert.deepEqual([ctx.step, ctx.partition, ctx.partitions], ['whole', null, null]);
+  // A partition of a scoped run, and its final step.
+  const part = batchonce.context({ ...env, BATCHONCE_JOB_KEY: 'settle:2026-09-15@seller-4711.p2', BATCHONCE_STEP: 'partition', BATCHONCE_PARTITION: '2', BATCHONCE_PARTITIONS: '4' });
+  assert.deepEqual([part.scope, part.step, part.partition, part.partitions], ['seller-4711', 'partition', 2, 4]);
+  const fin = batchonce.context({ ...env, BATCHONCE_STEP: 'final', BATCHONCE_PARTITIONS: '4' });
+  assert.deepEqual([fin.scope, fin.step, fin.partition], ['seller-4711', 'final', null]);
+  // A one-character scope, a UUID (36 characters), and a minute period.
+  const uuid = '0f8fad5b-d9cb-469f-a165-70867728950e';
+  assert.equal(batchonce.context({ ...env, BATCHONCE_JOB_KEY: 'settle:2026-09-15@7', BATCHONCE_SCOPE: '7' }).scope, '7');
+  assert.equal(batchonce.context({ ...env, BATCHONCE_JOB_KEY: `settle:2026-09-15@${uuid}`, BATCHONCE_SCOPE: uuid }).scope, uuid);
+  assert.equal(batchonce.context({ ...env, BATCHONCE_JOB_KEY: 'settle:2026-09-15T10:15@eu-west', BATCHONCE_SCOPE: 'eu-west' }).scope, 'eu-west');
+  // An unscoped run: no scope, whether the variable is unset or empty.
+  const unscoped = { ...env, BATCHONCE_JOB_KEY: 'settle:2026-09-15' };
+  delete unscoped.BATCHONCE_SCOPE;
+  assert.equal(batchonce.context(unscoped).scope, null);
+  assert.equal(batchonce.context({ ...unscoped, BATCHONCE_SCOPE: '' }).scope, null);
+  assert.equal(batchonce.context({ ...unscoped, BATCHONCE_JOB_KEY: 'settle:2026-09-15.p1', BATCHONCE_STEP: 'partition', BATCHONCE_PARTITION: '1', BATCHONCE_PARTITIONS: '2' }).scope, null);
+  const bad = [
+    // The variable and the key disagree, in each direction.
+    [{ BATCHONCE_SCOPE: 'seller-4712' }, /BATCHONCE_JOB_KEY "settle:2026-09-15@seller-4711" does not match BATCHONCE_SCOPE seller-4712/],
+    [{ BATCHONCE_SCOPE: undefined }, /BATCHONCE_JOB_KEY "settle:2026-09-15@seller-4711" does not match BATCHONCE_SCOPE \(not set\)/],
+    [{ BATCHONCE_SCOPE: '' }, /does not match BATCHONCE_SCOPE \(not set\)/],
+    [{ BATCHONCE_JOB_KEY: 'settle:2026-09-15' }, /BATCHONCE_JOB_KEY "settle:2026-09-15" does not match BATCHONCE_SCOPE seller-4711/],
+    [{ BATCHONCE_JOB_KEY: 'settle:2026-09-15.p2', BATCHONCE_STEP: 'partition', BATCHONCE_PARTITION: '2', BATCHONCE_PARTITIONS: '4' }, /does not match BATCHONCE_SCOPE seller-4711/],
+    // A malformed scope in the variable.
+    [{ BATCHONCE_SCOPE: 'Seller-4711' }, /BATCHONCE_SCOPE is "Seller-4711": expected a scope of 1-36 lowercase letters/],
+    [{ BATCHONCE_SCOPE: 'seller--4711' }, /BATCHONCE_SCOPE is "seller--4711"/],
+    [{ BATCHONCE_SCOPE: '-seller' }, /BATCHONCE_SCOPE is "-seller"/],
+    [{ BATCHONCE_SCOPE: 'seller-' }, /BATCHONCE_SCOPE is "seller-"/],
+    [{ BATCHONCE_SCOPE: 'seller 4711' }, /BATCHONCE_SCOPE is "seller 4711"/],
+    [{ BATCHONCE_SCOPE: `${uuid}x` }, /BATCHONCE_SCOPE is "0f8fad5b.*x": expected a scope/],
+    // A malformed scope in the key, even with a variable that agrees.
+    ...['@', '@Seller-4711', '@seller--4711', '@-seller', '@seller-', '@seller_4711', '@seller.4711', '@a@b', `@${uuid}x`].map((s) => [
+      { BATCHONCE_JOB_KEY: `settle:2026-09-15${s}`, BATCHONCE_SCOPE: s.slice(1) || undefined },
+      /BATCHONCE_JOB_KEY is ".*": expected settle:<period> or settle:<period>@<scope>/,
+    ]),
+    // The scope comes before the partition, never after it.
+    [{ BATCHONCE_JOB_KEY: 'settle:2026-09-15.p2@seller-4711', BATCHONCE_STEP: 'partition', BATCHONCE_PARTITION: '2', BATCHONCE_PARTITIONS: '4' }, /BATCHONCE_JOB_KEY is "settle:2026-09-15.p2@seller-4711"/],
+    [{ BATCHONCE_JOB_KEY: 'settle:@seller-4711' }, /BATCHONCE_JOB_KEY is "settle:@seller-4711"/],
+  ];
+  for (const [change, message] of bad) {
+    const e = { ...env, ...change };
+    for (const [k, v] of Object.entries(change)) if (v === undefined) delete e[k];
+    assert.throws(() => batchonce.context(e), (err) => err instanceof batchonce.ContextError && message.test(err.message), JSON.stringify(change));
+  }
+});
+
+test('run() hands the script its scope', async () => {
+  const env = envOf('settle:2026-09-15@seller-4711', 'settle', '42', { BATCHONCE_SCOPE: 'seller-4711' });
+  const pkg = 'const b = require(process.env.BATCHONCE_PKG);';
+  let r = await child(`${pkg} b.run(async (ctx) => { console.log(ctx.scope); })`, env);
+  assert.equal(r.code, 0, r.err);
+  assert.equal(r.out, 'seller-4711\n');
+  // A scope that disagrees with the key is a bad context: failed, no retry.
+  r = await child(`${pkg} b.run(async () => { console.log('ran'); })`, { ...env, BATCHONCE_SCOPE: 'seller-1' });
+  assert.equal(r.code, 2);
+  assert.equal(r.out, '');
+  assert.match(r.err, /does not match BATCHONCE_SCOPE seller-1/);
+});
+
 test('a fenced transaction commits its rows and its progress', db, async () => {
   const c = await connect();
   try {
@@ -322,6 +387,19 @@ test('enqueue reports enqueued, duplicate and skipped keys, and refuses without 
       batchonce.enqueue(c, { job, dates: ['2026-09-22', '2026-09-22'] }),
       (e) => e instanceof batchonce.EnqueueError && e.code === '22023',
     );
+    // A scoped job's runs are enqueued per scope (its producer, `batchonce
+    // enqueue --scope`), never by an application: refused, nothing written.
+    const { rows: [scopes] } = await c.query("SELECT to_regclass('batch_job_run_scope_idx') IS NOT NULL AS ok");
+    if (scopes.ok || process.env.CI) {
+      const scoped = jobName('enqueue-scoped');
+      await declare(c, scoped, { ...SETTINGS, scopes: ['s-1', 's-2'] });
+      await assert.rejects(
+        batchonce.enqueue(c, { job: scoped, dates: ['2026-09-18'] }),
+        (e) => e instanceof batchonce.EnqueueError && e.code === 'BO005' && /runs per scope/.test(e.message),
+      );
+      const none = await c.query('SELECT count(*)::int AS n FROM batch_job_run WHERE job_name = $1', [scoped]);
+      assert.equal(none.rows[0].n, 0);
+    }
   } finally {
     await c.end();
   }
