@@ -25,7 +25,7 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         .collect();
     assert_eq!(
         names,
-        ["enqueue", "drain", "pickup", "settle", "send"],
+        ["enqueue", "drain", "pickup", "settle", "send", "scopes"],
         "{stderr}"
     );
     assert!(lines[0]["baseline_ms"].as_f64().unwrap() > 0.0);
@@ -65,6 +65,40 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         assert!(r["messages_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["provider_allows_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // The producer with scopes (issue 24): per source, a first tick that
+    // enqueues every scope and a second that finds them all, each in one
+    // enqueue statement; then its two baselines.
+    let scopes = &lines[5];
+    let n = scopes["scopes"].as_u64().unwrap();
+    assert!(n > 0, "{scopes}");
+    let ticks: Vec<(&str, &str, u64, u64, u64)> = scopes["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["tick_ms"].as_f64().unwrap() > 0.0, "{r}");
+            (
+                r["source"].as_str().unwrap(),
+                r["tick"].as_str().unwrap(),
+                r["enqueued"].as_u64().unwrap(),
+                r["duplicates"].as_u64().unwrap(),
+                r["statements"]["enqueue"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ticks,
+        [
+            ("query", "first", n, 0, 1),
+            ("query", "second", 0, n, 1),
+            ("list", "first", n, 0, 1),
+            ("list", "second", 0, n, 1),
+        ],
+        "{scopes}"
+    );
+    assert!(scopes["statements_counted_by"].as_str().is_some());
+    assert!(scopes["baseline_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(scopes["per_key"]["statements"]["enqueue"].as_u64(), Some(n));
 }
 
 #[test]

@@ -3,17 +3,18 @@
 //! so results read as ratios on a noisy machine. Prints one JSON line per
 //! scenario and a human summary on stderr.
 //!
-//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|all> [--size tiny|full]`
+//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|scopes|all> [--size tiny|full]`
 //! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
 //!
-//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `all`; `--size tiny|full`; `--runs
+//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `scopes`, `all`; `--size tiny|full`; `--runs
 //! N` and `--concurrency 8,32` for `drain`). The drain baseline's queue table has a partial index
 //! on its pending rows, as any real queue would; without it the baseline's own claims scanned past
 //! every finished row and the ratio flattered the engine. Each scenario runs the engine and, in the
 //! same run, a bare-SQL baseline doing the same work, and prints one JSON line (see BENCHMARKS.md).
 //! It registers a no-op job kind of its own, `bench-noop`, for the framework's per-run cost, and
 //! starts the real `batchonce` binary as the worker for `settle`, so that the worker's peak RSS is
-//! its own. `workers/tests/bench.rs` runs every scenario once at tiny size.
+//! its own. `scopes` (the producer with 10,000 scopes, issue 24) lives in `bench/scopes.rs`.
+//! `workers/tests/bench.rs` runs every scenario once at tiny size.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,11 @@ use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use serde_json::json;
 use sqlx::PgPool;
+
+// In a folder without a `main.rs`, so that Cargo does not take it for a
+// binary of its own.
+#[path = "bench/scopes.rs"]
+mod scopes;
 
 /// A job that does nothing: the framework's own cost per run.
 struct Noop;
@@ -783,6 +789,7 @@ enum Scenario {
     Enqueue,
     Settle,
     Send,
+    Scopes,
     All,
 }
 
@@ -840,6 +847,9 @@ async fn run() -> anyhow::Result<()> {
         }
         if all || scenario == Scenario::Send {
             println!("{}", send(&pool, &url, size).await?);
+        }
+        if all || scenario == Scenario::Scopes {
+            println!("{}", scopes::scopes(&pool, &url, size).await?);
         }
         pool.close().await;
         Ok::<_, anyhow::Error>(())
