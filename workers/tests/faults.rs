@@ -903,7 +903,11 @@ async fn sigkill_storms_over_scoped_runs() {
         Duration::from_millis(700)
     };
     let recover = sigkill_storm(&mut rig, n, every).await;
-    assert!(rig.faults >= 2, "the storm ended after {} kill(s)", rig.faults);
+    assert!(
+        rig.faults >= 2,
+        "the storm ended after {} kill(s)",
+        rig.faults
+    );
     let succeeded_twice = rig
         .count(
             "SELECT count(*) FROM (SELECT job_key FROM batch_job_attempt \

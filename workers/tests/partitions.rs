@@ -208,7 +208,9 @@ async fn one_date_split_over_two_workers_settles_each_order_once_and_summarizes_
         "{:?}",
         st.partitions
     );
-    let listed = queue::list_runs(&db.pool, None, None, None, 100).await.unwrap();
+    let listed = queue::list_runs(&db.pool, None, None, None, 100)
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].step, queue::Step::Final { count: 4 });
     let gauges = queue::gauges(&db.pool, &[], Clock::Db).await.unwrap();
@@ -665,7 +667,9 @@ async fn operator_actions_on_a_run_reach_its_partitions_and_a_partition_is_stale
     // `rerun` brings back every partition, and the run waits for them.
     act(Action::Rerun, key(15), false).await.unwrap();
     assert_eq!(states(key(15)).await, ["PENDING"; 4]);
-    let listed = queue::list_runs(&db.pool, None, None, None, 10).await.unwrap();
+    let listed = queue::list_runs(&db.pool, None, None, None, 10)
+        .await
+        .unwrap();
     assert!(listed.iter().all(queue::is_waiting), "{listed:?}");
     // `skip` of the other run skips its partitions; none is claimable then.
     act(Action::Skip, key(16), false).await.unwrap();
