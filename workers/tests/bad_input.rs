@@ -592,6 +592,11 @@ const SLOTS: &[Slot] = &[
         refusal: command(&["unknown job", "invalid job name"]),
     },
     Slot {
+        args: |v| vec!["runs", "list", "--scope", v],
+        value: |b| &b.s,
+        refusal: command(&["invalid scope"]),
+    },
+    Slot {
         args: |v| vec!["worker", "--metrics-addr", v],
         value: |b| &b.s,
         refusal: parser(&["--metrics-addr"]),
