@@ -28,9 +28,8 @@
 //!   rule as `stale_runs`, the last SUCCEEDED `finished_at` as Unix time (`None` if never), the
 //!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
 //!   (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every scope of it is done),
-//!   the most `attempts` among PENDING and RUNNING runs, and
-//!   RUNNING runs with an expired lease, and the scoped runs of the job's newest scoped period per
-//!   status with that period's start. A job without runs gets zeros, so the alert rules always
+//!   the most `attempts` among PENDING and RUNNING runs, RUNNING runs with an expired lease, and
+//!   the scoped runs of the job's newest scoped period per status with that period's start. A job without runs gets zeros, so the alert rules always
 //!   see a series.
 
 use chrono::{DateTime, Utc};
