@@ -114,26 +114,33 @@ impl Rig {
             started: Instant::now(),
         };
         if enqueue {
-            let first = rig.dates[0].to_string();
-            let last = rig.dates[rig.dates.len() - 1].to_string();
-            let out = rig
-                .command(&[
-                    "enqueue",
-                    "daily-settlement",
-                    "--from",
-                    &first,
-                    "--to",
-                    &last,
-                ])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            rig.enqueue_every_date(&[]);
         }
         rig
+    }
+
+    /// `enqueue daily-settlement --from <first date> --to <last date>`,
+    /// with `extra` arguments.
+    fn enqueue_every_date(&self, extra: &[&str]) {
+        let first = self.dates[0].to_string();
+        let last = self.dates[self.dates.len() - 1].to_string();
+        let out = self
+            .command(&[
+                "enqueue",
+                "daily-settlement",
+                "--from",
+                &first,
+                "--to",
+                &last,
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -869,25 +876,7 @@ async fn sigkill_storms_over_scoped_runs() {
         &format!("scopes = [{}]\n", scopes.join(", ")),
     )
     .await;
-    let first = rig.dates[0].to_string();
-    let last = rig.dates[rig.dates.len() - 1].to_string();
-    let out = rig
-        .command(&[
-            "enqueue",
-            "daily-settlement",
-            "--from",
-            &first,
-            "--to",
-            &last,
-            "--all-scopes",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rig.enqueue_every_date(&["--all-scopes"]);
     let runs = rig
         .count("SELECT count(*) FROM batch_job_run WHERE scope IS NOT NULL")
         .await;

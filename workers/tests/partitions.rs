@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use batchonce::config::Config;
 use batchonce::queue::{self, Action, NewRun, OperatorRequest};
-use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::testing::{wait_for_status, TestDb};
 use batchonce::{Clock, JobKey, JobName, Registry};
 use batchonce_workers::notification::{self, NotificationSend, OutboxSender};
@@ -21,6 +20,8 @@ use chrono::NaiveDate;
 use sqlx::PgPool;
 
 mod common;
+
+use common::Workers;
 
 const KEY: &str = "daily-settlement:2026-09-15";
 
@@ -53,48 +54,6 @@ async fn enqueue(pool: &PgPool, config: &Config, key: &str) {
     .await
     .unwrap();
     assert_eq!(report.enqueued.len(), 1);
-}
-
-/// In-process workers of one registry and configuration.
-struct Workers {
-    signals: Shutdown,
-    handles: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Workers {
-    fn start(db: &TestDb, registry: impl Fn() -> Registry, config: &Config, ids: &[&str]) -> Self {
-        let signals = Shutdown::default();
-        let handles = ids
-            .iter()
-            .map(|id| {
-                let mut opts = WorkerOptions::new(*id);
-                opts.poll_interval = Duration::from_millis(100);
-                opts.concurrency = 2;
-                tokio::spawn(worker::run(
-                    registry(),
-                    config.clone(),
-                    db.pool.clone(),
-                    db.pool.clone(),
-                    opts,
-                    signals.clone(),
-                ))
-            })
-            .collect();
-        Self { signals, handles }
-    }
-
-    /// Waits until run `key` is in one of `states`, then stops the workers.
-    async fn stop_when(self, db: &TestDb, key: &str, states: &[&str]) {
-        wait_for_status(&db.pool, Some(key), states, Duration::from_secs(60)).await;
-        self.stop().await;
-    }
-
-    async fn stop(self) {
-        self.signals.shutdown.cancel();
-        for h in self.handles {
-            h.await.unwrap();
-        }
-    }
 }
 
 /// The run's `error_message`.

@@ -13,7 +13,6 @@ use std::time::Duration;
 use batchonce::config::Config;
 use batchonce::queue::{self, NewRun};
 use batchonce::runtime::producer;
-use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::schedule::Period;
 use batchonce::testing::{wait_until, TestDb};
 use batchonce::{Clock, JobKey, JobName, Registry};
@@ -22,6 +21,8 @@ use chrono::NaiveDate;
 use sqlx::PgPool;
 
 mod common;
+
+use common::Workers;
 
 const PERIOD: &str = "daily-settlement:2026-09-15";
 const SELLERS: i64 = 200;
@@ -90,41 +91,6 @@ async fn written(pool: &PgPool) -> (Vec<(i64, String, i64, String)>, Vec<(i64, S
     (items, summaries)
 }
 
-struct Workers {
-    signals: Shutdown,
-    handles: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Workers {
-    fn start(db: &TestDb, config: &Config) -> Self {
-        let signals = Shutdown::default();
-        let handles = ["w-a", "w-b"]
-            .iter()
-            .map(|id| {
-                let mut opts = WorkerOptions::new(*id);
-                opts.poll_interval = Duration::from_millis(100);
-                opts.concurrency = 4;
-                tokio::spawn(worker::run(
-                    Registry::new().register(DailySettlement),
-                    config.clone(),
-                    db.pool.clone(),
-                    db.pool.clone(),
-                    opts,
-                    signals.clone(),
-                ))
-            })
-            .collect();
-        Self { signals, handles }
-    }
-
-    async fn stop(self) {
-        self.signals.shutdown.cancel();
-        for h in self.handles {
-            h.await.unwrap();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone() {
     let db = TestDb::new(&batchonce_workers::migrations()).await;
@@ -169,7 +135,13 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     let report = queue::enqueue(pool, &runs, Clock::Db).await.unwrap();
     assert_eq!(report.enqueued.len(), SELLERS as usize);
 
-    let workers = Workers::start(&db, &config);
+    let workers = Workers::start_with(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-a", "w-b"],
+        4,
+    );
     wait_until(
         "199 sellers to succeed and one to fail",
         Duration::from_secs(120),
@@ -277,7 +249,13 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     );
     assert!(ok_, "{err}");
     assert!(out.contains("FAILED -> PENDING"), "{out}");
-    let workers = Workers::start(&db, &config);
+    let workers = Workers::start_with(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-a", "w-b"],
+        4,
+    );
     wait_until(
         "the re-run seller to succeed",
         Duration::from_secs(60),
@@ -353,7 +331,13 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
             .len(),
         1
     );
-    let workers = Workers::start(&db, &config);
+    let workers = Workers::start_with(
+        &db,
+        || Registry::new().register(DailySettlement),
+        &config,
+        &["w-a", "w-b"],
+        4,
+    );
     batchonce::testing::wait_for_status(
         pool,
         Some(other.as_str()),

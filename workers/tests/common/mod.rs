@@ -5,6 +5,12 @@
 use std::path::Path;
 use std::process::Command;
 
+use std::time::Duration;
+
+use batchonce::config::Config;
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
+use batchonce::testing::{wait_for_status, TestDb};
+use batchonce::Registry;
 use batchonce_workers::settlement;
 use chrono::NaiveDate;
 use sqlx::PgPool;
@@ -91,5 +97,66 @@ pub fn sigterm_and_wait(child: &mut std::process::Child) {
             child.id()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// In-process workers of one registry and configuration.
+#[allow(dead_code)]
+pub struct Workers {
+    signals: Shutdown,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[allow(dead_code)]
+impl Workers {
+    /// Workers `ids`, each at concurrency 2.
+    pub fn start(
+        db: &TestDb,
+        registry: impl Fn() -> Registry,
+        config: &Config,
+        ids: &[&str],
+    ) -> Self {
+        Self::start_with(db, registry, config, ids, 2)
+    }
+
+    /// Workers `ids`, each at `concurrency`.
+    pub fn start_with(
+        db: &TestDb,
+        registry: impl Fn() -> Registry,
+        config: &Config,
+        ids: &[&str],
+        concurrency: u32,
+    ) -> Self {
+        let signals = Shutdown::default();
+        let handles = ids
+            .iter()
+            .map(|id| {
+                let mut opts = WorkerOptions::new(*id);
+                opts.poll_interval = Duration::from_millis(100);
+                opts.concurrency = concurrency;
+                tokio::spawn(worker::run(
+                    registry(),
+                    config.clone(),
+                    db.pool.clone(),
+                    db.pool.clone(),
+                    opts,
+                    signals.clone(),
+                ))
+            })
+            .collect();
+        Self { signals, handles }
+    }
+
+    /// Waits until run `key` is in one of `states`, then stops the workers.
+    pub async fn stop_when(self, db: &TestDb, key: &str, states: &[&str]) {
+        wait_for_status(&db.pool, Some(key), states, Duration::from_secs(60)).await;
+        self.stop().await;
+    }
+
+    pub async fn stop(self) {
+        self.signals.shutdown.cancel();
+        for h in self.handles {
+            h.await.unwrap();
+        }
     }
 }
