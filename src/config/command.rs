@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{as_duration, as_int, as_str, JobConfig};
+use super::job_table::{as_duration, as_int, as_str};
+use super::JobConfig;
 
 /// How a command job runs its program (see [`crate::runtime::command`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
