@@ -340,10 +340,14 @@ fn fault_every() -> Duration {
     }
 }
 
-/// SIGKILLs a worker every `every` (the first time one that holds a lease)
-/// and restarts it, until every run has succeeded; returns how long the
-/// workload took to finish after the last kill.
-async fn sigkill_storm(rig: &mut Rig, n: usize, every: Duration) -> Duration {
+/// Starts `n` workers and, once items are being written, SIGKILLs one every
+/// `full` (`quick` at the small size), the first time one that holds a
+/// lease, and restarts it, until every run has succeeded; returns how long
+/// the workload took to finish after the last kill.
+async fn sigkill_storm(rig: &mut Rig, n: usize, full_every: Duration, quick: Duration) -> Duration {
+    rig.start_workers(n, &[]);
+    rig.wait_items(100).await;
+    let every = if full() { full_every } else { quick };
     let mut last_fault = Instant::now();
     let mut first = true;
     while !rig.all_succeeded().await {
@@ -385,16 +389,9 @@ async fn sigkill_storm(rig: &mut Rig, n: usize, every: Duration) -> Duration {
 async fn sigkill_random_workers_and_restart_them() {
     let (_db, mut rig) = rig("fault-sigkill").await;
     let (_, _, n) = size();
-    rig.start_workers(n, &[]);
-    rig.wait_items(100).await;
     // Longer apart than a takeover takes (lease ttl 2s plus the rescuer's
     // interval), or no long run could ever finish: the point is recovery.
-    let every = if full() {
-        Duration::from_secs(5)
-    } else {
-        Duration::from_secs(3)
-    };
-    let recover = sigkill_storm(&mut rig, n, every).await;
+    let recover = sigkill_storm(&mut rig, n, Duration::from_secs(5), Duration::from_secs(3)).await;
     let expired = rig
         .count("SELECT count(*) FROM batch_job_attempt WHERE outcome = 'lease_expired'")
         .await;
@@ -882,16 +879,15 @@ async fn sigkill_storms_over_scoped_runs() {
         .await;
     assert_eq!(runs, 13 * rig.dates.len() as i64);
     let (_, _, n) = size();
-    rig.start_workers(n, &[]);
-    rig.wait_items(100).await;
     // A scope's run is short (one merchant's orders), so the storm is
     // denser than the first scenario's: several kills land mid-run.
-    let every = if full() {
-        Duration::from_secs(2)
-    } else {
-        Duration::from_millis(700)
-    };
-    let recover = sigkill_storm(&mut rig, n, every).await;
+    let recover = sigkill_storm(
+        &mut rig,
+        n,
+        Duration::from_secs(2),
+        Duration::from_millis(700),
+    )
+    .await;
     assert!(
         rig.faults >= 2,
         "the storm ended after {} kill(s)",

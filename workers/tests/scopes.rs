@@ -91,6 +91,17 @@ async fn written(pool: &PgPool) -> (Vec<(i64, String, i64, String)>, Vec<(i64, S
     (items, summaries)
 }
 
+/// Two in-process settlement workers, four runs each at a time.
+fn settlers(db: &TestDb, config: &Config) -> Workers {
+    Workers::start_with(
+        db,
+        || Registry::new().register(DailySettlement),
+        config,
+        &["w-a", "w-b"],
+        4,
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone() {
     let db = TestDb::new(&batchonce_workers::migrations()).await;
@@ -135,13 +146,7 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     let report = queue::enqueue(pool, &runs, Clock::Db).await.unwrap();
     assert_eq!(report.enqueued.len(), SELLERS as usize);
 
-    let workers = Workers::start_with(
-        &db,
-        || Registry::new().register(DailySettlement),
-        &config,
-        &["w-a", "w-b"],
-        4,
-    );
+    let workers = settlers(&db, &config);
     wait_until(
         "199 sellers to succeed and one to fail",
         Duration::from_secs(120),
@@ -249,13 +254,7 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     );
     assert!(ok_, "{err}");
     assert!(out.contains("FAILED -> PENDING"), "{out}");
-    let workers = Workers::start_with(
-        &db,
-        || Registry::new().register(DailySettlement),
-        &config,
-        &["w-a", "w-b"],
-        4,
-    );
+    let workers = settlers(&db, &config);
     wait_until(
         "the re-run seller to succeed",
         Duration::from_secs(60),
@@ -331,13 +330,7 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
             .len(),
         1
     );
-    let workers = Workers::start_with(
-        &db,
-        || Registry::new().register(DailySettlement),
-        &config,
-        &["w-a", "w-b"],
-        4,
-    );
+    let workers = settlers(&db, &config);
     batchonce::testing::wait_for_status(
         pool,
         Some(other.as_str()),
