@@ -316,6 +316,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::Worker {
             concurrency,
+            prefetch,
             worker_id,
             grace,
             poll_interval,
@@ -372,6 +373,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             }
             let mut opts = WorkerOptions::new(worker_id);
             opts.concurrency = *concurrency;
+            opts.prefetch = *prefetch;
             opts.grace = *grace;
             opts.poll_interval = *poll_interval;
             opts.listen = listen;

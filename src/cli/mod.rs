@@ -205,6 +205,12 @@ enum Command {
         /// Runs executed at once.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
         concurrency: u32,
+        /// Most runs claimed ahead of a free slot (0: claim only for free
+        /// slots). Only as many as the worker started in the last 50 ms are
+        /// claimed ahead, and one not started within 1 s (or a quarter of
+        /// its lease) is released for any worker.
+        #[arg(long, default_value_t = crate::runtime::worker::DEFAULT_PREFETCH, value_parser = clap::value_parser!(u32).range(0..=10000))]
+        prefetch: u32,
         /// Worker id (default: <host>-<pid>); also the database application_name.
         #[arg(long)]
         worker_id: Option<String>,

@@ -4,16 +4,20 @@
 //! and shuts down gracefully. Transient database errors are logged and retried
 //! with backoff; they never end the process.
 //!
-//! `worker::run` owns one process's claim loop. It claims up to the number of
-//! free permits of a `Semaphore` sized `--concurrency`, and wakes on NOTIFY, on `--poll-interval`,
-//! when a task ends, or when a handler gives its slot back (`slot_freed`); it yields once before
-//! each claim so that the tasks ready to give their slots back do so first and one claim takes them
-//! all. A run gives its execution slot back as soon as its handler has returned, after taking a
-//! slot of a second semaphore, `FINISHING_PER_SLOT` (4) × `--concurrency`, for its finish, so the
-//! next claim overlaps the finish and the completer's batches can grow, while a process never holds
-//! more than 5 × `--concurrency` leases even when finishes stall. One claim and one finish
-//! statement are in flight at a time: keeping two of each in flight made more, smaller statements
-//! and drained slower (BENCHMARKS.md). It runs four service loops: a completer (`finish.rs`), and a heartbeat loop, a recovery loop and a
+//! `worker::run` owns one process's claim loop. Claimed runs go to a bounded local queue
+//! (`prefetch.rs`) and start as soon as an execution slot (a `Semaphore` sized `--concurrency`) is
+//! free; a claim asks for the free slots plus the queue's earned target (the runs this process
+//! started in the last 50 ms, at most `--prefetch`), runs as a task of its own so runs keep
+//! starting while it is out, and wakes the loop on NOTIFY, on `--poll-interval`, when a task ends,
+//! when a handler gives its slot back (`slot_freed`) or when a queued run reaches its deadline
+//! (then released for any worker). A run gives its execution slot back as soon as its handler has
+//! returned, after taking a slot of a second semaphore, `FINISHING_PER_SLOT` (4) × `--concurrency`
+//! plus `--prefetch`, for its finish, so the next claim overlaps the finish and the completer's
+//! batches can grow, while a process never holds more than 5 × `--concurrency` + 2 × `--prefetch`
+//! leases even when finishes stall. One claim and one finish statement are in flight at a time:
+//! keeping two of each in flight made more, smaller statements and drained no faster
+//! (BENCHMARKS.md). At shutdown the queued runs, and those of a claim still out, are released. It
+//! runs four service loops: a completer (`finish.rs`), and a heartbeat loop, a recovery loop and a
 //! LISTEN loop (`loops.rs`).
 //!
 //! `execute` runs one attempt. It registers the lease in the in-memory `held` map that feeds
@@ -74,14 +78,22 @@ use crate::telemetry;
 
 mod finish;
 mod loops;
+mod prefetch;
 
 use finish::{completer_loop, finish_with_retries, release};
 use loops::{heartbeat_loop, listen_loop, rescue_loop, Backoff};
+use prefetch::{queue_claimed, release_queued, LocalQueue};
+
+/// What a claim task returns: when its statement was sent, and the leases.
+type ClaimResult = (Instant, Result<Vec<Lease>, QueueError>);
 
 /// The longest delay a handler's `JobError::RetryAfter` may ask for; a
 /// longer one is cut to this, so a run is never put off for years by a
 /// mistaken header.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 86_400);
+
+/// The default of `WorkerOptions::prefetch` (`--prefetch`).
+pub const DEFAULT_PREFETCH: u32 = 512;
 
 /// Recorded in `batch_worker.version`.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -102,6 +114,9 @@ pub struct WorkerOptions {
     /// Where to LISTEN when not on a connection of the main pool: a direct
     /// connection when the main pool goes through PgBouncer.
     pub listen_pool: Option<PgPool>,
+    /// The most runs claimed ahead of a free slot (`prefetch.rs`); 0 claims
+    /// only for free slots.
+    pub prefetch: u32,
 }
 
 impl WorkerOptions {
@@ -113,6 +128,7 @@ impl WorkerOptions {
             grace: Duration::from_secs(20),
             listen: true,
             listen_pool: None,
+            prefetch: DEFAULT_PREFETCH,
         }
     }
 }
@@ -174,8 +190,10 @@ struct Shared {
     /// Runs whose handler has returned and whose finish is waiting or being
     /// written. A run gives its execution slot back when its handler returns,
     /// so the next claim overlaps the finish; this second bound, of
-    /// [`FINISHING_PER_SLOT`] per slot, keeps the leases a process holds at
-    /// most `(1 + FINISHING_PER_SLOT) × concurrency` if finishes stall.
+    /// [`FINISHING_PER_SLOT`] per slot plus `--prefetch`, keeps the leases a
+    /// process holds bounded if finishes stall. Sized by the concurrency
+    /// alone it capped a drain at about what one finish batch of that size
+    /// per round trip allows, whatever the claims brought in (BENCHMARKS.md).
     finishing: Arc<Semaphore>,
     /// Signalled when a handler returns and gives its execution slot back,
     /// so the claim loop claims again while that run's finish is written.
@@ -243,7 +261,7 @@ pub async fn run(
         clock: Clock::Db,
         finishes,
         finishing: Arc::new(Semaphore::new(
-            FINISHING_PER_SLOT * opts.concurrency.max(1) as usize,
+            FINISHING_PER_SLOT * opts.concurrency.max(1) as usize + opts.prefetch as usize,
         )),
         slot_freed: Notify::new(),
     });
@@ -305,6 +323,15 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(opts.concurrency.max(1) as usize));
     let mut tasks = JoinSet::new();
     let mut backoff = Backoff::new();
+    let mut local = LocalQueue::new(opts.prefetch as usize, opts.concurrency.max(1) as usize);
+    let specs: Arc<[ClaimSpec]> = specs.into();
+    // A claim runs as a task of its own, so runs already claimed keep
+    // starting from the local queue while it is out. One at a time: a
+    // second claim in flight skips the first one's locked rows and drained
+    // no faster (BENCHMARKS.md).
+    let mut claims: JoinSet<(usize, ClaimResult)> = JoinSet::new();
+    let mut requested = 0usize;
+    let mut claim_not_before = Instant::now();
     while !signals.shutdown.is_cancelled() {
         // Let run tasks that are ready give their slots back first, so one
         // claim takes them all rather than one each.
@@ -312,40 +339,83 @@ pub async fn run(
         while let Some(done) = tasks.try_join_next() {
             log_task_end(done);
         }
-        let free = permits.available_permits();
-        if free > 0 {
-            // Before the statement: the leases it grants last at least ttl from here.
-            let claim_sent = Instant::now();
-            match queue::claim(&pool, &opts.worker_id, &specs, free as u32, Clock::Db).await {
-                Ok(leases) => {
-                    backoff.reset();
-                    for lease in leases {
-                        // Only this loop takes permits, and `free` were available.
-                        let Ok(permit) = permits.clone().acquire_owned().await else {
-                            break;
-                        };
-                        let shared = shared.clone();
-                        tasks.spawn(execute(shared, lease, permit, claim_sent));
-                    }
-                }
-                Err(e) => {
-                    let delay = backoff.next();
-                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "claim failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = signals.shutdown.cancelled() => {}
-                    }
-                    continue;
-                }
+        let now = Instant::now();
+        let overdue = local.take_overdue(now);
+        if !overdue.is_empty() {
+            tasks.spawn(release_queued(shared.clone(), overdue));
+        }
+        while local.len() > 0 {
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                break;
+            };
+            if let Some(q) = local.pop(now) {
+                tasks.spawn(execute(shared.clone(), q.lease, permit, q.claim_sent));
             }
         }
+        if claims.is_empty() && now >= claim_not_before {
+            // Room for the free slots and for the queue's target; a claim
+            // only for the queue waits until it is half empty, so claims
+            // stay large.
+            let free = permits.available_permits();
+            let target = local.target(now);
+            let want = (free + target).saturating_sub(local.len() + requested);
+            if want > 0 && (free > requested || (local.len() + requested) * 2 <= target) {
+                let pool = pool.clone();
+                let worker_id = opts.worker_id.clone();
+                let specs = specs.clone();
+                requested += want;
+                claims.spawn(async move {
+                    // Before the statement: the leases it grants last at
+                    // least their ttl from here.
+                    let sent = Instant::now();
+                    let r = queue::claim(&pool, &worker_id, &specs, want as u32, Clock::Db).await;
+                    (want, (sent, r))
+                });
+            }
+        }
+        let next_deadline = local
+            .next_deadline()
+            .unwrap_or_else(|| Instant::now() + opts.poll_interval);
+        let waiting = claims.is_empty() && claim_not_before > Instant::now();
         tokio::select! {
             _ = signals.shutdown.cancelled() => {}
             _ = wake.notified() => {}
             _ = shared.slot_freed.notified() => {}
             _ = tokio::time::sleep(opts.poll_interval) => {}
+            _ = tokio::time::sleep_until(next_deadline.into()), if local.len() > 0 => {}
+            _ = tokio::time::sleep_until(claim_not_before.into()), if waiting => {}
+            Some(done) = claims.join_next(), if !claims.is_empty() => {
+                match done {
+                    Ok((want, (sent, Ok(leases)))) => {
+                        requested -= want;
+                        backoff.reset();
+                        queue_claimed(&mut local, &specs, leases, sent);
+                    }
+                    Ok((want, (_, Err(e)))) => {
+                        requested -= want;
+                        let delay = backoff.next();
+                        warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "claim failed; retrying");
+                        claim_not_before = Instant::now() + delay;
+                    }
+                    Err(e) => {
+                        requested = 0;
+                        error!(error = %e, "claim task ended abnormally");
+                    }
+                }
+            }
             Some(done) = tasks.join_next(), if !tasks.is_empty() => log_task_end(done),
         }
+    }
+    // A claim still out may commit leases: wait for it (it is one statement)
+    // and give back, with everything queued, what it returns.
+    while let Some(done) = claims.join_next().await {
+        if let Ok((_, (sent, Ok(leases)))) = done {
+            queue_claimed(&mut local, &specs, leases, sent);
+        }
+    }
+    let queued = local.take_all();
+    if !queued.is_empty() {
+        tasks.spawn(release_queued(shared.clone(), queued));
     }
 
     info!(

@@ -1,0 +1,206 @@
+//! Claiming ahead (the worker's local queue, `src/runtime/worker/prefetch.rs`),
+//! in process against real PostgreSQL: a worker that claimed runs ahead and
+//! then cannot start them gives them back within their deadline, so an idle
+//! peer runs them, and no run succeeds twice.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use batchonce::config::Config;
+use batchonce::queue::{self, NewRun};
+use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
+use batchonce::testing::{wait_until, TestDb};
+use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
+use chrono::NaiveDate;
+use sqlx::PgPool;
+
+/// Returns at once, or after `slow_ms` (honouring cancellation).
+struct PrefetchJob;
+
+#[async_trait]
+impl Job for PrefetchJob {
+    fn name(&self) -> JobName {
+        JobName::parse("prefetch-job").unwrap()
+    }
+
+    fn default_config(&self) -> JobConfig {
+        JobConfig {
+            lease_ttl: Duration::from_secs(2),
+            ..JobConfig::default()
+        }
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        if let Some(ms) = ctx.payload["slow_ms"].as_u64() {
+            ctx.pause(Duration::from_millis(ms)).await?;
+        }
+        Ok(Outcome::Succeeded)
+    }
+}
+
+fn registry() -> Registry {
+    Registry::new().register(PrefetchJob)
+}
+
+fn run(day: u64, payload: serde_json::Value) -> NewRun {
+    let job = JobName::parse("prefetch-job").unwrap();
+    let date = NaiveDate::from_ymd_opt(2020, 1, 1).unwrap() + chrono::Days::new(day);
+    NewRun {
+        payload,
+        ..NewRun::new(
+            JobKey::daily(&job, date),
+            date,
+            &PrefetchJob.default_config(),
+        )
+        .unwrap()
+    }
+}
+
+struct Running {
+    signals: Shutdown,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+fn start(db: &TestDb, id: &str, concurrency: u32, prefetch: u32) -> Running {
+    let reg = registry();
+    let config = Config::defaults(&reg.default_configs());
+    let mut opts = WorkerOptions::new(id);
+    opts.concurrency = concurrency;
+    opts.prefetch = prefetch;
+    opts.poll_interval = Duration::from_millis(100);
+    opts.grace = Duration::from_secs(5);
+    let signals = Shutdown::default();
+    let handle = tokio::spawn(worker::run(
+        reg,
+        config,
+        db.pool.clone(),
+        db.pool.clone(),
+        opts,
+        signals.clone(),
+    ));
+    Running { signals, handle }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_claimed_ahead_and_not_started_go_back_to_an_idle_peer() {
+    let db = TestDb::new(&[]).await;
+    // 300 no-op runs earn worker A a queue; the 12 slow runs after them
+    // (later dates, so claimed last) each take 2 s, so A, with one slot,
+    // would need 24 s for them alone.
+    let mut runs: Vec<NewRun> = (0..300).map(|d| run(d, serde_json::json!({}))).collect();
+    runs.extend((300..312).map(|d| run(d, serde_json::json!({ "slow_ms": 2000 }))));
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let a = start(&db, "hoarder", 1, 64);
+    // The peer starts once A is into the slow runs (it has claimed them
+    // ahead by then), with no queue of its own.
+    wait_until("the no-op runs done", Duration::from_secs(30), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            >= 300
+    })
+    .await;
+    let peer_started = Instant::now();
+    let b = start(&db, "peer", 12, 0);
+    wait_until("every run done", Duration::from_secs(20), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 312
+    })
+    .await;
+    let took = peer_started.elapsed();
+    for r in [a, b] {
+        r.signals.shutdown.cancel();
+        r.handle.await.unwrap();
+    }
+    // A gave back what it could not start: the peer ran most slow runs, and
+    // all of them within about two handler times, not A's 24 s.
+    let by_peer = count(
+        &db.pool,
+        "SELECT count(*) FROM batch_job_attempt WHERE worker_id = 'peer' AND outcome = 'succeeded'",
+    )
+    .await;
+    let released = count(
+        &db.pool,
+        "SELECT count(*) FROM batch_job_attempt WHERE worker_id = 'hoarder' AND outcome = 'released'",
+    )
+    .await;
+    assert!(
+        released >= 1,
+        "the hoarder released nothing it had claimed ahead"
+    );
+    assert!(by_peer >= 8, "the idle peer ran only {by_peer} slow runs");
+    assert!(
+        took < Duration::from_secs(10),
+        "the slow runs took {took:?} once the peer was up"
+    );
+    // Nothing ran twice: one succeeded attempt per run, and a released
+    // attempt never ran its handler (it has no later attempt of A's).
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM (SELECT job_key FROM batch_job_attempt WHERE outcome = 'succeeded' \
+             GROUP BY job_key HAVING count(*) <> 1) x"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(DISTINCT job_key) FROM batch_job_attempt WHERE outcome = 'succeeded'"
+        )
+        .await,
+        312
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_worker_claims_nothing_ahead() {
+    let db = TestDb::new(&[]).await;
+    let runs: Vec<NewRun> = (0..6)
+        .map(|d| run(d, serde_json::json!({ "slow_ms": 300 })))
+        .collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let a = start(&db, "slow", 1, 64);
+    // While one run is running, the others stay PENDING: a worker whose
+    // handlers take longer than the window earns no queue.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (running, done): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'RUNNING'), \
+                    count(*) FILTER (WHERE status = 'SUCCEEDED') FROM batch_job_run",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            running <= 1,
+            "{running} runs held by a worker with one slot"
+        );
+        if done == 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the runs did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signals.shutdown.cancel();
+    a.handle.await.unwrap();
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_attempt WHERE outcome <> 'succeeded'"
+        )
+        .await,
+        0
+    );
+}
