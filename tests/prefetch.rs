@@ -204,3 +204,34 @@ async fn a_slow_worker_claims_nothing_ahead() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_worker_does_not_claim_in_a_loop() {
+    let db = TestDb::new(&[]).await;
+    let a = start(&db, "idle", 4, 64);
+    let commits = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        n
+    };
+    // Past start-up; then two seconds of an empty queue, polled every 100 ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = commits().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The server publishes a session's counts within a second of idling.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let after = commits().await;
+    a.signals.shutdown.cancel();
+    a.handle.await.unwrap();
+    // About 30 claims at the poll interval, heartbeats and recovery passes;
+    // a claim loop that never waits makes thousands.
+    assert!(
+        after - before < 300,
+        "{} transactions in about 3 s from an idle worker",
+        after - before
+    );
+}

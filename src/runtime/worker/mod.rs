@@ -332,6 +332,10 @@ pub async fn run(
     let mut claims: JoinSet<(usize, ClaimResult)> = JoinSet::new();
     let mut requested = 0usize;
     let mut claim_not_before = Instant::now();
+    // Set when a claim found fewer due runs than it asked for: the next one
+    // waits for a reason to look again (a notification, the poll interval,
+    // a slot given back), or an idle worker would claim in a tight loop.
+    let mut drained = false;
     while !signals.shutdown.is_cancelled() {
         // Let run tasks that are ready give their slots back first, so one
         // claim takes them all rather than one each.
@@ -352,7 +356,7 @@ pub async fn run(
                 tasks.spawn(execute(shared.clone(), q.lease, permit, q.claim_sent));
             }
         }
-        if claims.is_empty() && now >= claim_not_before {
+        if claims.is_empty() && !drained && now >= claim_not_before {
             // Room for the free slots and for the queue's target; a claim
             // only for the queue waits until it is half empty, so claims
             // stay large.
@@ -379,9 +383,9 @@ pub async fn run(
         let waiting = claims.is_empty() && claim_not_before > Instant::now();
         tokio::select! {
             _ = signals.shutdown.cancelled() => {}
-            _ = wake.notified() => {}
-            _ = shared.slot_freed.notified() => {}
-            _ = tokio::time::sleep(opts.poll_interval) => {}
+            _ = wake.notified() => drained = false,
+            _ = shared.slot_freed.notified() => drained = false,
+            _ = tokio::time::sleep(opts.poll_interval) => drained = false,
             _ = tokio::time::sleep_until(next_deadline.into()), if local.len() > 0 => {}
             _ = tokio::time::sleep_until(claim_not_before.into()), if waiting => {}
             Some(done) = claims.join_next(), if !claims.is_empty() => {
@@ -389,6 +393,7 @@ pub async fn run(
                     Ok((want, (sent, Ok(leases)))) => {
                         requested -= want;
                         backoff.reset();
+                        drained = leases.len() < want;
                         queue_claimed(&mut local, &specs, leases, sent);
                     }
                     Ok((want, (_, Err(e)))) => {
@@ -403,7 +408,10 @@ pub async fn run(
                     }
                 }
             }
-            Some(done) = tasks.join_next(), if !tasks.is_empty() => log_task_end(done),
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                drained = false;
+                log_task_end(done);
+            }
         }
     }
     // A claim still out may commit leases: wait for it (it is one statement)
