@@ -1,6 +1,8 @@
 //! Worker runtime tests, in process against real PostgreSQL: concurrency,
 //! retries, panics, lease loss cancelling the handler, graceful shutdown.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -10,6 +12,7 @@ use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::testing::{wait_until, TestDb};
 use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
 use chrono::NaiveDate;
+use common::worker::Running;
 use sqlx::PgPool;
 
 /// Writes `items` rows into `test_item`, `chunk_size` per fenced transaction.
@@ -113,28 +116,12 @@ fn new_run(day: u64, payload: serde_json::Value) -> NewRun {
     }
 }
 
-struct Running {
-    signals: Shutdown,
-    handle: tokio::task::JoinHandle<()>,
-}
-
 fn start(db: &TestDb, id: &str, concurrency: u32, grace: Duration) -> Running {
-    let reg = registry();
-    let config = Config::defaults(&reg.default_configs());
-    let mut opts = WorkerOptions::new(id);
-    opts.concurrency = concurrency;
-    opts.poll_interval = Duration::from_millis(200);
-    opts.grace = grace;
-    let signals = Shutdown::default();
-    let handle = tokio::spawn(worker::run(
-        reg,
-        config,
-        db.pool.clone(),
-        db.pool.clone(),
-        opts,
-        signals.clone(),
-    ));
-    Running { signals, handle }
+    common::worker::start(db, registry(), id, |opts| {
+        opts.concurrency = concurrency;
+        opts.poll_interval = Duration::from_millis(200);
+        opts.grace = grace;
+    })
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {

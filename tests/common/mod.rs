@@ -1,3 +1,4 @@
 //! Helpers shared by the engine's integration tests.
 
 pub mod console;
+pub mod worker;

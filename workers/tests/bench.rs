@@ -25,7 +25,7 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         .collect();
     assert_eq!(
         names,
-        ["enqueue", "drain", "pickup", "settle", "send", "scopes"],
+        ["enqueue", "drain", "pickup", "settle", "send", "scopes", "ceiling"],
         "{stderr}"
     );
     assert!(lines[0]["baseline_ms"].as_f64().unwrap() > 0.0);
@@ -99,6 +99,30 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
     assert!(scopes["statements_counted_by"].as_str().is_some());
     assert!(scopes["baseline_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(scopes["per_key"]["statements"]["enqueue"].as_u64(), Some(n));
+    // The ceiling of a drain that keeps the ledger (issue 25): every variant
+    // drained all its runs (the scenario fails otherwise) and is reported
+    // with its ratio to the bare queue of the same round.
+    let ceiling = lines[6]["results"].as_array().unwrap();
+    assert!(!ceiling.is_empty(), "{}", lines[6]);
+    for r in ceiling {
+        let variants = r["variants"].as_object().unwrap();
+        let names: Vec<&str> = variants.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "bare",
+                "bare-history",
+                "engine",
+                "ledger-once",
+                "ledger-once-without-ledger"
+            ],
+            "{r}"
+        );
+        assert_eq!(variants["bare"]["ratio"].as_f64(), Some(1.0), "{r}");
+        for v in variants.values() {
+            assert!(v["runs_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
 }
 
 #[test]

@@ -3,17 +3,18 @@
 //! so results read as ratios on a noisy machine. Prints one JSON line per
 //! scenario and a human summary on stderr.
 //!
-//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|scopes|all> [--size tiny|full]`
+//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|scopes|ceiling|all> [--size tiny|full]`
 //! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
 //!
-//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `scopes`, `all`; `--size tiny|full`; `--runs
+//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `scopes`, `ceiling`, `all`; `--size tiny|full`; `--runs
 //! N` and `--concurrency 8,32` for `drain`). The drain baseline's queue table has a partial index
 //! on its pending rows, as any real queue would; without it the baseline's own claims scanned past
 //! every finished row and the ratio flattered the engine. Each scenario runs the engine and, in the
 //! same run, a bare-SQL baseline doing the same work, and prints one JSON line (see BENCHMARKS.md).
 //! It registers a no-op job kind of its own, `bench-noop`, for the framework's per-run cost, and
 //! starts the real `batchonce` binary as the worker for `settle`, so that the worker's peak RSS is
-//! its own. `scopes` (the producer with 10,000 scopes, issue 24) lives in `bench/scopes.rs`.
+//! its own. `scopes` (the producer with 10,000 scopes, issue 24) lives in `bench/scopes.rs`, `ceiling`
+//! (what any drain keeping the run ledger could reach, issue 25) in `bench/ceiling.rs`.
 //! `workers/tests/bench.rs` runs every scenario once at tiny size.
 
 use std::sync::Arc;
@@ -32,6 +33,8 @@ use sqlx::PgPool;
 
 // In a folder without a `main.rs`, so that Cargo does not take it for a
 // binary of its own.
+#[path = "bench/ceiling.rs"]
+mod ceiling;
 #[path = "bench/scopes.rs"]
 mod scopes;
 
@@ -790,6 +793,7 @@ enum Scenario {
     Settle,
     Send,
     Scopes,
+    Ceiling,
     All,
 }
 
@@ -850,6 +854,9 @@ async fn run() -> anyhow::Result<()> {
         }
         if all || scenario == Scenario::Scopes {
             println!("{}", scopes::scopes(&pool, &url, size).await?);
+        }
+        if all || scenario == Scenario::Ceiling {
+            println!("{}", ceiling::ceiling(&pool, size).await?);
         }
         pool.close().await;
         Ok::<_, anyhow::Error>(())
