@@ -327,8 +327,9 @@ pub async fn run(
     let specs: Arc<[ClaimSpec]> = specs.into();
     // A claim runs as a task of its own, so runs already claimed keep
     // starting from the local queue while it is out. One at a time: a
-    // second claim in flight skips the first one's locked rows and drained
-    // no faster (BENCHMARKS.md).
+    // second claim in flight gained 10–15 % at c=32 in a trial (BENCHMARKS.md,
+    // fifth round), short of the drain goal and not yet tested against the
+    // queue's bounds.
     let mut claims: JoinSet<(usize, ClaimResult)> = JoinSet::new();
     let mut requested = 0usize;
     let mut claim_not_before = Instant::now();
