@@ -13,23 +13,34 @@
 # queue of `batchonce-bench drain` (three columns, no history).
 #
 # It needs a server reached through the usual PG* variables (PGHOST, PGPORT,
-# PGUSER), drops and creates the database `probe` there, migrates it with a
+# PGUSER), drops and creates the database `batchonce_claim_probe` there
+# (never point it at a server whose databases matter), migrates it with a
 # release build of `batchonce`, inserts 60,000 runs and drains 48,000 of them.
 set -euo pipefail
+usage() { echo "usage: $0 MODE(0|1|2) CLIENTS(1-64) BATCH(1-1000)" >&2; exit 2; }
+[ $# -eq 3 ] || usage
 MODE=$1 N=$2 BATCH=$3
+[[ $MODE =~ ^[012]$ ]] || usage
+[[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 1 ] && [ "$N" -le 64 ] || usage
+[[ $BATCH =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] && [ "$BATCH" -le 1000 ] || usage
+[ $((48000 / BATCH / N)) -ge 1 ] || usage
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
-BIN=$(ls -d /usr/lib/postgresql/*/bin | tail -1)
-psql -q -d postgres -c "DROP DATABASE IF EXISTS probe" -c "CREATE DATABASE probe" >/dev/null
-DATABASE_URL="postgres://${PGUSER:-postgres}@${PGHOST:-127.0.0.1}:${PGPORT:-5432}/probe" \
-    "$ROOT/target/release/batchonce" migrate >/dev/null
-psql -q -d probe -f "$HERE/setup.sql" >/dev/null
+EXE="$ROOT/target/release/batchonce"
+[ -x "$EXE" ] || { echo "$0: $EXE is missing: cargo build --release -p batchonce-workers --bins" >&2; exit 1; }
+BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)
+[ -x "$BIN/pgbench" ] || { echo "$0: pgbench is missing (the PostgreSQL server binaries)" >&2; exit 1; }
+DB=batchonce_claim_probe
+psql -q -d postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
+DATABASE_URL="postgres://${PGUSER:-postgres}@${PGHOST:-127.0.0.1}:${PGPORT:-5432}/$DB" \
+    "$EXE" migrate >/dev/null
+psql -q -d "$DB" -f "$HERE/setup.sql" >/dev/null
 SCRIPT=$(mktemp)
 trap 'rm -f "$SCRIPT"' EXIT
 echo '\set b :client_id % 2' >"$SCRIPT"
 if [ "$MODE" = 2 ]; then echo "CALL bench_bare($BATCH);"; else echo "CALL bench_cycle($MODE, :b, $BATCH);"; fi >>"$SCRIPT"
-OUT=$("$BIN/pgbench" -n -c "$N" -j "$N" -t $((48000 / BATCH / N)) -f "$SCRIPT" probe 2>&1)
+OUT=$("$BIN/pgbench" -n -c "$N" -j "$N" -t $((48000 / BATCH / N)) -f "$SCRIPT" "$DB" 2>&1)
 TPS=$(echo "$OUT" | grep -oP 'tps = \K[0-9.]+' | head -1)
-DONE=$(psql -Atd probe -c "SELECT (SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED')
+DONE=$(psql -Atd "$DB" -c "SELECT (SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED')
                                 + (SELECT count(*) FROM bench_q WHERE state = 'done')")
-echo "mode=$MODE clients=$N batch=$BATCH runs/s=$(echo "$TPS * $BATCH / 1" | bc) finished=$DONE"
+echo "mode=$MODE clients=$N batch=$BATCH runs/s=$(awk -v t="$TPS" -v b="$BATCH" 'BEGIN { printf "%d", t * b }') finished=$DONE"
