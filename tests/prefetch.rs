@@ -239,3 +239,179 @@ async fn an_idle_worker_does_not_claim_in_a_loop() {
         after - before
     );
 }
+
+/// Waits for the test to open its gate (one permit a run), or for the
+/// worker's cancellation.
+struct GateJob {
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl Job for GateJob {
+    fn name(&self) -> JobName {
+        JobName::parse("prefetch-job").unwrap()
+    }
+
+    fn default_config(&self) -> JobConfig {
+        // Long enough that no lease runs out while a claim waits on the
+        // test's lock.
+        JobConfig {
+            lease_ttl: Duration::from_secs(30),
+            ..JobConfig::default()
+        }
+    }
+
+    async fn run(&self, ctx: &JobContext) -> Result<Outcome, JobError> {
+        tokio::select! {
+            permit = self.gate.acquire() => {
+                permit.unwrap().forget();
+                Ok(Outcome::Succeeded)
+            }
+            _ = ctx.cancelled() => Err(JobError::Cancelled),
+        }
+    }
+}
+
+/// The worker's claim statements that wait on a lock.
+async fn claims_waiting(pool: &PgPool) -> i64 {
+    count(
+        pool,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock' AND query LIKE '%batchonce_claim3%'",
+    )
+    .await
+}
+
+/// A second claim goes out while the first is on the server, and asks only
+/// for room the first did not ask for: the runs a worker holds never exceed
+/// its free slots plus its earned queue, whatever claims are out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_claim_in_flight_asks_only_for_room_the_first_did_not() {
+    let db = TestDb::new(&[]).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let job = GateJob { gate: gate.clone() };
+    let runs: Vec<NewRun> = (0..6)
+        .map(|d| {
+            NewRun::new(
+                JobKey::daily(&job.name(), date(d)),
+                date(d),
+                &job.default_config(),
+            )
+            .unwrap()
+        })
+        .collect();
+    queue::enqueue(&db.pool, &runs[..1], Clock::Db)
+        .await
+        .unwrap();
+    // Three slots, no queue: every claim asks for free slots only.
+    let w = common::worker::start(&db, Registry::new().register(job), "two-claims", |opts| {
+        opts.concurrency = 3;
+        opts.prefetch = 0;
+        opts.poll_interval = Duration::from_millis(100);
+        opts.grace = Duration::from_secs(5);
+    });
+    let running = || {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'RUNNING'",
+        )
+    };
+    wait_until("the first run started", Duration::from_secs(10), || async {
+        running().await == 1
+    })
+    .await;
+    // A claim writes attempt rows, so this lock holds every claim on the
+    // server until the test commits.
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE batch_job_attempt IN SHARE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    queue::enqueue(&db.pool, &runs[1..], Clock::Db)
+        .await
+        .unwrap();
+    wait_until(
+        "a claim for the two free slots waits",
+        Duration::from_secs(10),
+        || async { claims_waiting(&db.pool).await == 1 },
+    )
+    .await;
+    // No slot is freed and the queue earns nothing, so no second claim may
+    // go out however often the loop wakes (every 100 ms): one that counted
+    // the same two slots again would show here within a few wakes.
+    let watch_until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < watch_until {
+        assert_eq!(
+            claims_waiting(&db.pool).await,
+            1,
+            "a second claim asked for the same slots"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first run's handler returns and gives its slot back: a second
+    // claim goes out for that slot alone while the first still waits.
+    gate.add_permits(1);
+    wait_until(
+        "a second claim waits beside the first",
+        Duration::from_secs(10),
+        || async { claims_waiting(&db.pool).await == 2 },
+    )
+    .await;
+    lock.commit().await.unwrap();
+    // The first run finishes once its finish gets past the lock too; then
+    // three slots hold three runs and two wait for later. Every claim writes
+    // its attempt rows, so a claim that asked for more than the free slots
+    // shows as more than four attempts, even once it has given them back.
+    wait_until(
+        "the first run done and three running",
+        Duration::from_secs(10),
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+            )
+            .await
+                == 1
+                && running().await == 3
+        },
+    )
+    .await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM batch_job_attempt").await,
+        4,
+        "more runs were claimed than there were free slots"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'PENDING'"
+        )
+        .await,
+        2
+    );
+    gate.add_permits(5);
+    wait_until("every run done", Duration::from_secs(20), || async {
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 6
+    })
+    .await;
+    w.signals.shutdown.cancel();
+    w.handle.await.unwrap();
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM batch_job_attempt WHERE outcome IS DISTINCT FROM 'succeeded'"
+        )
+        .await,
+        0,
+        "an attempt was released or lost"
+    );
+}
+
+fn date(day: u64) -> NaiveDate {
+    NaiveDate::from_ymd_opt(2020, 1, 1).unwrap() + chrono::Days::new(day)
+}

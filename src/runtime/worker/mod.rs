@@ -14,9 +14,12 @@
 //! returned, after taking a slot of a second semaphore, `FINISHING_PER_SLOT` (4) × `--concurrency`
 //! plus `--prefetch`, for its finish, so the next claim overlaps the finish and the completer's
 //! batches can grow, while a process never holds more than 5 × `--concurrency` + 2 × `--prefetch`
-//! leases even when finishes stall. One claim and one finish statement are in flight at a time:
-//! keeping two of each in flight made more, smaller statements and drained no faster
-//! (BENCHMARKS.md). At shutdown the queued runs, and those of a claim still out, are released. It
+//! leases even when finishes stall. Up to `CLAIMS_IN_FLIGHT` (2) claims and one finish statement
+//! are in flight at a time: with one claim, its statement was busy 93 % of a drain's wall time at
+//! `--concurrency 32`, and a second drained 5 % faster, while a second finish stream made more,
+//! smaller batches and drained no faster (BENCHMARKS.md). Every claim asks only for room that the
+//! claims already out have not asked for (`requested`), so the bounds above hold whatever is in
+//! flight. At shutdown the queued runs, and those of a claim still out, are released. It
 //! runs four service loops: a completer (`finish.rs`), and a heartbeat loop, a recovery loop and a
 //! LISTEN loop (`loops.rs`).
 //!
@@ -200,6 +203,12 @@ struct Shared {
     slot_freed: Notify,
 }
 
+/// Claim statements one process keeps in flight. With one, the claim was
+/// the serial part of a drain at concurrency 32; a second overlaps it (its
+/// pick skips the first one's locked rows) and drained 5 % faster; a third,
+/// tried beside two finish streams, nothing more (BENCHMARKS.md, sixth round).
+const CLAIMS_IN_FLIGHT: usize = 2;
+
 /// Finishes that may wait per execution slot. Room for several lets the
 /// completer's batches grow while the claim loop keeps the slots busy; with
 /// one per slot the handlers waited for finishing slots and both batches
@@ -326,12 +335,13 @@ pub async fn run(
     let mut local = LocalQueue::new(opts.prefetch as usize, opts.concurrency.max(1) as usize);
     let specs: Arc<[ClaimSpec]> = specs.into();
     // A claim runs as a task of its own, so runs already claimed keep
-    // starting from the local queue while it is out. One at a time: a
-    // second claim in flight gained 10–15 % at c=32 in a trial (BENCHMARKS.md,
-    // fifth round), short of the drain goal and not yet tested against the
-    // queue's bounds.
-    let mut claims: JoinSet<(usize, ClaimResult)> = JoinSet::new();
+    // starting from the local queue while it is out, and a second may go out
+    // while the first is on the server.
+    let mut claims: JoinSet<ClaimResult> = JoinSet::new();
+    // What the claims out have asked for, in all and per task, so that a
+    // claim that ends in any way (a panic included) gives back only its own.
     let mut requested = 0usize;
+    let mut wants: HashMap<tokio::task::Id, usize> = HashMap::new();
     let mut claim_not_before = Instant::now();
     // Set when a claim found fewer due runs than it asked for: the next one
     // waits for a reason to look again (a notification, the poll interval,
@@ -357,7 +367,7 @@ pub async fn run(
                 tasks.spawn(execute(shared.clone(), q.lease, permit, q.claim_sent));
             }
         }
-        if claims.is_empty() && !drained && now >= claim_not_before {
+        if claims.len() < CLAIMS_IN_FLIGHT && !drained && now >= claim_not_before {
             // Room for the free slots and for the queue's target; a claim
             // only for the queue waits until it is half empty, so claims
             // stay large.
@@ -369,13 +379,14 @@ pub async fn run(
                 let worker_id = opts.worker_id.clone();
                 let specs = specs.clone();
                 requested += want;
-                claims.spawn(async move {
+                let task = claims.spawn(async move {
                     // Before the statement: the leases it grants last at
                     // least their ttl from here.
                     let sent = Instant::now();
                     let r = queue::claim(&pool, &worker_id, &specs, want as u32, Clock::Db).await;
-                    (want, (sent, r))
+                    (sent, r)
                 });
+                wants.insert(task.id(), want);
             }
         }
         let next_deadline = local
@@ -389,24 +400,25 @@ pub async fn run(
             _ = tokio::time::sleep(opts.poll_interval) => drained = false,
             _ = tokio::time::sleep_until(next_deadline.into()), if local.len() > 0 => {}
             _ = tokio::time::sleep_until(claim_not_before.into()), if waiting => {}
-            Some(done) = claims.join_next(), if !claims.is_empty() => {
+            Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
+                let id = match &done {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                let want = wants.remove(&id).unwrap_or(0);
+                requested -= want;
                 match done {
-                    Ok((want, (sent, Ok(leases)))) => {
-                        requested -= want;
+                    Ok((_, (sent, Ok(leases)))) => {
                         backoff.reset();
                         drained = leases.len() < want;
                         queue_claimed(&mut local, &specs, leases, sent);
                     }
-                    Ok((want, (_, Err(e)))) => {
-                        requested -= want;
+                    Ok((_, (_, Err(e)))) => {
                         let delay = backoff.next();
                         warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "claim failed; retrying");
                         claim_not_before = Instant::now() + delay;
                     }
-                    Err(e) => {
-                        requested = 0;
-                        error!(error = %e, "claim task ended abnormally");
-                    }
+                    Err(e) => error!(error = %e, "claim task ended abnormally"),
                 }
             }
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
@@ -418,7 +430,7 @@ pub async fn run(
     // A claim still out may commit leases: wait for it (it is one statement)
     // and give back, with everything queued, what it returns.
     while let Some(done) = claims.join_next().await {
-        if let Ok((_, (sent, Ok(leases)))) = done {
+        if let Ok((sent, Ok(leases))) = done {
             queue_claimed(&mut local, &specs, leases, sent);
         }
     }
