@@ -52,12 +52,11 @@ fn registry(job: PrefetchJob) -> Registry {
 
 fn run(day: u64, payload: serde_json::Value) -> NewRun {
     let job = JobName::parse("prefetch-job").unwrap();
-    let date = NaiveDate::from_ymd_opt(2020, 1, 1).unwrap() + chrono::Days::new(day);
     NewRun {
         payload,
         ..NewRun::new(
-            JobKey::daily(&job, date),
-            date,
+            JobKey::daily(&job, date(day)),
+            date(day),
             &PrefetchJob::default().default_config(),
         )
         .unwrap()
