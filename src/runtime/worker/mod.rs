@@ -338,9 +338,8 @@ pub async fn run(
     // starting from the local queue while it is out, and a second may go out
     // while the first is on the server.
     let mut claims: JoinSet<ClaimResult> = JoinSet::new();
-    // What the claims out have asked for, in all and per task, so that a
-    // claim that ends in any way (a panic included) gives back only its own.
-    let mut requested = 0usize;
+    // What each claim out has asked for, by task, so that a claim that ends
+    // in any way (a panic included) gives back only its own.
     let mut wants: HashMap<tokio::task::Id, usize> = HashMap::new();
     let mut claim_not_before = Instant::now();
     // Set when a claim found fewer due runs than it asked for: the next one
@@ -373,12 +372,12 @@ pub async fn run(
             // stay large.
             let free = permits.available_permits();
             let target = local.target(now);
+            let requested: usize = wants.values().sum();
             let want = (free + target).saturating_sub(local.len() + requested);
             if want > 0 && (free > requested || (local.len() + requested) * 2 <= target) {
                 let pool = pool.clone();
                 let worker_id = opts.worker_id.clone();
                 let specs = specs.clone();
-                requested += want;
                 let task = claims.spawn(async move {
                     // Before the statement: the leases it grants last at
                     // least their ttl from here.
@@ -406,7 +405,6 @@ pub async fn run(
                     Err(e) => e.id(),
                 };
                 let want = wants.remove(&id).unwrap_or(0);
-                requested -= want;
                 match done {
                     Ok((_, (sent, Ok(leases)))) => {
                         backoff.reset();
