@@ -131,40 +131,6 @@ async fn enqueue_rejects_oversized_payload_and_foreign_keys() {
 }
 
 #[tokio::test]
-async fn schema_checks_reject_bad_rows_by_name() {
-    let db = TestDb::new(&[]).await;
-    let cases = [
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
-          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, 'DONE')",
-         "batch_job_run_status_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
-          VALUES ('Test Job:2026-01-01', 'test-job', '2026-01-01', 3)",
-         "batch_job_run_job_key_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
-          VALUES ('other:2026-01-01', 'test-job', '2026-01-01', 3)",
-         "batch_job_run_job_key_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, error_message) \
-          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, repeat('x', 1001))",
-         "batch_job_run_error_message_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, status) \
-          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, 'RUNNING')",
-         "batch_job_run_lease_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, lease_expires_at) \
-          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, now())",
-         "batch_job_run_lease_expiry_check"),
-        ("INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts, payload) \
-          VALUES ('test-job:2026-01-01', 'test-job', '2026-01-01', 3, \
-                  jsonb_build_object('x', repeat('y', 70000)))",
-         "batch_job_run_payload_check"),
-    ];
-    for (sql, constraint) in cases {
-        let err = sqlx::query(sql).execute(&db.pool).await.unwrap_err();
-        let db_err = err.as_database_error().expect("a database error");
-        assert_eq!(db_err.constraint(), Some(constraint), "{sql}");
-    }
-}
-
-#[tokio::test]
 async fn audit_rows_refuse_characters_that_disguise_text() {
     let db = TestDb::new(&[]).await;
     queue::enqueue(&db.pool, &[run(0, 3)], Clock::Db)
