@@ -169,10 +169,14 @@ CREATE TRIGGER batch_job_attempt_rekeyed
     EXECUTE FUNCTION batch_job_attempt_rekeyed();
 
 -- A run with attempts keeps its key and is never deleted: the attempts
--- would name nothing.
+-- would name nothing. An update that sets the key to what it was changes
+-- nothing and passes, as it did the foreign key.
 CREATE FUNCTION batch_job_run_has_attempts() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.job_key IS NOT DISTINCT FROM OLD.job_key THEN
+        RETURN NEW;
+    END IF;
     IF EXISTS (SELECT FROM batch_job_attempt a WHERE a.job_key = OLD.job_key) THEN
         RAISE EXCEPTION 'update or delete on table "batch_job_run" violates foreign key constraint "batch_job_attempt_run_fkey" on table "batch_job_attempt"'
             USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'batch_job_attempt_run_fkey',

@@ -221,6 +221,11 @@ async fn an_attempt_names_a_run_that_exists() {
         "UPDATE batch_job_run SET job_key = 'test-job:2026-03-01', business_date = '2026-03-01' \
                  WHERE job_key = 'test-job:2026-01-01'";
     assert_eq!(refused_by(&db.pool, rekey).await, fkey);
+    // Setting the key to what it was changes nothing, as behind the key.
+    sqlx::query("UPDATE batch_job_run SET job_key = job_key WHERE job_key = 'test-job:2026-01-01'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let gone = sqlx::query("DELETE FROM batch_job_run WHERE job_key = 'test-job:2026-01-02'")
         .execute(&db.pool)
         .await
