@@ -70,6 +70,11 @@ pub(super) struct LocalQueue {
     slots: usize,
     runs: VecDeque<Queued>,
     starts: VecDeque<Instant>,
+    /// No queued run's deadline is earlier than this. It is a lower bound,
+    /// not always the minimum (the run that held it may have started since),
+    /// so the claim loop looks through the queue only once it has passed:
+    /// looking on every wake-up moved every queued run for every run started.
+    earliest: Option<Instant>,
 }
 
 impl LocalQueue {
@@ -81,6 +86,7 @@ impl LocalQueue {
             slots,
             runs: VecDeque::new(),
             starts: VecDeque::new(),
+            earliest: None,
         }
     }
 
@@ -89,6 +95,7 @@ impl LocalQueue {
     }
 
     pub(super) fn push(&mut self, q: Queued) {
+        self.earliest = Some(self.earliest.map_or(q.deadline, |e| e.min(q.deadline)));
         self.runs.push_back(q);
     }
 
@@ -96,6 +103,9 @@ impl LocalQueue {
     /// the target.
     pub(super) fn pop(&mut self, now: Instant) -> Option<Queued> {
         let q = self.runs.pop_front()?;
+        if self.runs.is_empty() {
+            self.earliest = None;
+        }
         self.record_start(now);
         Some(q)
     }
@@ -138,6 +148,9 @@ impl LocalQueue {
     /// starts that earned their room, so the queue does not refill before
     /// runs start quickly again.
     pub(super) fn take_overdue(&mut self, now: Instant) -> Vec<Queued> {
+        if self.earliest.is_none_or(|e| e > now) {
+            return Vec::new();
+        }
         let mut overdue = Vec::new();
         let mut kept = VecDeque::with_capacity(self.runs.len());
         for q in self.runs.drain(..) {
@@ -148,6 +161,7 @@ impl LocalQueue {
             }
         }
         self.runs = kept;
+        self.earliest = self.runs.iter().map(|q| q.deadline).min();
         if !overdue.is_empty() {
             self.starts.clear();
         }
@@ -156,12 +170,14 @@ impl LocalQueue {
 
     /// Every queued run (at shutdown, to be released).
     pub(super) fn take_all(&mut self) -> Vec<Queued> {
+        self.earliest = None;
         self.runs.drain(..).collect()
     }
 
-    /// The earliest deadline of a queued run.
+    /// When to look for overdue runs next: no queued run's deadline is
+    /// earlier (see `earliest`).
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.runs.iter().map(|q| q.deadline).min()
+        self.earliest
     }
 }
 
@@ -249,6 +265,73 @@ mod tests {
         let mut off = LocalQueue::new(0, 1);
         off.record_start(t0);
         assert_eq!(off.target(t0), 0, "--prefetch 0 turns it off");
+    }
+
+    fn queued(n: u32, deadline: Instant) -> Queued {
+        let key =
+            crate::key::JobKey::parse(&format!("bench-noop:2026-01-{n:02}")).expect("a valid key");
+        Queued {
+            lease: Lease {
+                job: crate::key::JobName::parse(key.job_name()).expect("a valid name"),
+                key,
+                business_date: chrono::NaiveDate::from_ymd_opt(2026, 1, n).expect("a valid date"),
+                attempt: 1,
+                max_attempts: 3,
+                token: i64::from(n),
+                expires_at: chrono::Utc::now(),
+                processed_count: 0,
+                payload: serde_json::Value::Null,
+                context: None,
+                step: queue::Step::Whole,
+            },
+            claim_sent: deadline,
+            deadline,
+        }
+    }
+
+    #[test]
+    fn overdue_runs_are_found_in_any_order_and_only_once_due() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut q = LocalQueue::new(8, 1);
+        // Deadlines out of claim order, as runs of jobs with different
+        // leases have them.
+        q.push(queued(1, t0 + 2 * s));
+        q.push(queued(2, t0 + s));
+        q.push(queued(3, t0 + 4 * s));
+        q.push(queued(4, t0 + 3 * s));
+        assert_eq!(q.next_deadline(), Some(t0 + s));
+        assert!(q.take_overdue(t0).is_empty());
+        // The runs that held the two earliest deadlines start: the bound is
+        // stale and low, and looking at it finds nothing and moves it on
+        // without forgetting the starts that earned the queue its room.
+        assert_eq!(q.pop(t0 + s).map(|r| r.lease.token), Some(1));
+        assert_eq!(q.pop(t0 + s).map(|r| r.lease.token), Some(2));
+        let target = q.target(t0 + s);
+        assert_eq!(target, 2, "two starts within the window, one slot");
+        assert_eq!(q.next_deadline(), Some(t0 + s));
+        assert!(q.take_overdue(t0 + s).is_empty());
+        assert_eq!(q.next_deadline(), Some(t0 + 3 * s));
+        assert_eq!(q.len(), 2);
+        assert_eq!(
+            q.target(t0 + s),
+            target,
+            "nothing was overdue, so the starts still count"
+        );
+        let late: Vec<i64> = q
+            .take_overdue(t0 + 3 * s)
+            .iter()
+            .map(|r| r.lease.token)
+            .collect();
+        assert_eq!(late, vec![4]);
+        assert_eq!(q.next_deadline(), Some(t0 + 4 * s));
+        let late: Vec<i64> = q
+            .take_overdue(t0 + 9 * s)
+            .iter()
+            .map(|r| r.lease.token)
+            .collect();
+        assert_eq!(late, vec![3]);
+        assert_eq!((q.len(), q.next_deadline()), (0, None));
     }
 
     #[test]
