@@ -318,20 +318,13 @@ mod tests {
             target,
             "nothing was overdue, so the starts still count"
         );
-        let late: Vec<i64> = q
-            .take_overdue(t0 + 3 * s)
-            .iter()
-            .map(|r| r.lease.token)
-            .collect();
-        assert_eq!(late, vec![4]);
-        assert_eq!(q.next_deadline(), Some(t0 + 4 * s));
-        let late: Vec<i64> = q
-            .take_overdue(t0 + 9 * s)
-            .iter()
-            .map(|r| r.lease.token)
-            .collect();
-        assert_eq!(late, vec![3]);
-        assert_eq!((q.len(), q.next_deadline()), (0, None));
+        let mut overdue = |at| -> (Vec<i64>, Option<Instant>) {
+            let late = q.take_overdue(at).iter().map(|r| r.lease.token).collect();
+            (late, q.next_deadline())
+        };
+        assert_eq!(overdue(t0 + 3 * s), (vec![4], Some(t0 + 4 * s)));
+        assert_eq!(overdue(t0 + 9 * s), (vec![3], None));
+        assert_eq!(q.len(), 0);
     }
 
     #[test]
