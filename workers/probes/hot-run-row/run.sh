@@ -10,7 +10,9 @@
 #
 # VARIANT is `control`, `hot`, or `hot` with the two narrow tables kept in
 # step by a trigger on the run table (`hot-row-trigger`,
-# `hot-statement-trigger`) instead of by the claim and the finish.
+# `hot-statement-trigger`) instead of by the claim and the finish, or by
+# both, the trigger skipped while they run (`hot-guarded`), or `hot` with
+# the run row's token kept a unique key (`hot-keep-token`).
 # FILLFACTOR (10-100, default 45) is the run table's, set and applied by
 # rewriting it in every variant. It needs a
 # server reached through the usual PG* variables (PGHOST, PGPORT, PGUSER),
@@ -20,10 +22,10 @@
 # and drains 48,000 of them with pgbench, one CALL a claim and a finish.
 # Prints the runs/s, the runs finished and how many run-row updates were HOT.
 set -euo pipefail
-usage() { echo "usage: $0 control|hot|hot-row-trigger|hot-statement-trigger CLIENTS(1-64) BATCH(1-1000) [FILLFACTOR(10-100)]" >&2; exit 2; }
+usage() { echo "usage: $0 control|hot|hot-keep-token|hot-guarded|hot-row-trigger|hot-statement-trigger CLIENTS(1-64) BATCH(1-1000) [FILLFACTOR(10-100)]" >&2; exit 2; }
 [ $# -ge 3 ] && [ $# -le 4 ] || usage
 V=$1 N=$2 BATCH=$3 FF=${4:-45}
-[[ $V =~ ^(control|hot|hot-row-trigger|hot-statement-trigger)$ ]] || usage
+[[ $V =~ ^(control|hot|hot-keep-token|hot-guarded|hot-row-trigger|hot-statement-trigger)$ ]] || usage
 [[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 1 ] && [ "$N" -le 64 ] || usage
 [[ $BATCH =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] && [ "$BATCH" -le 1000 ] || usage
 [[ $FF =~ ^[0-9]+$ ]] && [ "$FF" -ge 10 ] && [ "$FF" -le 100 ] || usage
