@@ -1,31 +1,45 @@
 #!/bin/bash
 # A diagnosis for issue 25, not a benchmark of the product: what a run row
-# whose claim and finish are HOT updates would gain. Both variants claim and
-# finish the same way, with the writes the engine's own statements make;
-# `hot` moves the indexes that name a run's state (the PENDING runs, the
-# RUNNING runs' expiry, the token) off the run row into two narrow tables
-# and leaves room on its pages. See BENCHMARKS.md, "Drain, ninth round".
+# whose claim and finish are HOT updates would gain. Every variant claims and
+# finishes the same way (claim-finish.sql), with the writes the engine's own
+# statements make; the `hot` ones move the indexes that name a run's state
+# (the PENDING runs, the RUNNING runs' expiry, the token) off the run row into
+# two narrow tables, and the variants differ in what keeps those in step.
+# See BENCHMARKS.md, "Drain, ninth round".
 #
 #   workers/probes/hot-run-row/run.sh VARIANT CLIENTS BATCH [FILLFACTOR]
 #
-# VARIANT is `control`, `hot`, or `hot` with the two narrow tables kept in
-# step by a trigger on the run table (`hot-row-trigger`,
-# `hot-statement-trigger`) instead of by the claim and the finish, or by
-# both, the trigger skipped while they run (`hot-guarded`), or `hot` with
-# the run row's token kept a unique key (`hot-keep-token`).
+# VARIANT, and the files of this folder it is made of:
+#   control                today's schema (control.sql)
+#   hot                    the two narrow tables, the token a key of the lease row,
+#                          the claim and the finish keeping them in step
+#   hot-guarded            hot, with a row trigger keeping them in step for every
+#                          other writer, skipped while the claim or the finish runs
+#   hot-keep-token         hot, with the token still a unique key of the run row
+#   hot-row-trigger        hot, kept in step by a row trigger only
+#   hot-statement-trigger  hot, kept in step by a statement trigger only
 # FILLFACTOR (10-100, default 45) is the run table's, set and applied by
-# rewriting it in every variant. It needs a
-# server reached through the usual PG* variables (PGHOST, PGPORT, PGUSER),
-# drops and creates the database `batchonce_hot_probe` there (never point it
-# at a server whose databases matter), migrates it with a release build of
-# `batchonce`, inserts 60,000 runs (workers/probes/claim-streams/setup.sql)
-# and drains 48,000 of them with pgbench, one CALL a claim and a finish.
-# Prints the runs/s, the runs finished and how many run-row updates were HOT.
+# rewriting it in every variant. It needs a server reached through the usual
+# PG* variables (PGHOST, PGPORT, PGUSER), drops and creates the database
+# `batchonce_hot_probe` there (never point it at a server whose databases
+# matter), migrates it with a release build of `batchonce`, inserts 60,000
+# runs (workers/probes/claim-streams/setup.sql) and drains 48,000 of them with
+# pgbench, one CALL a claim and a finish. Prints the runs/s, the runs
+# finished and how many run-row updates were HOT, and fails if the narrow
+# tables do not list exactly the PENDING and RUNNING runs at the end.
 set -euo pipefail
 usage() { echo "usage: $0 control|hot|hot-keep-token|hot-guarded|hot-row-trigger|hot-statement-trigger CLIENTS(1-64) BATCH(1-1000) [FILLFACTOR(10-100)]" >&2; exit 2; }
 [ $# -ge 3 ] && [ $# -le 4 ] || usage
 V=$1 N=$2 BATCH=$3 FF=${4:-45}
-[[ $V =~ ^(control|hot|hot-keep-token|hot-guarded|hot-row-trigger|hot-statement-trigger)$ ]] || usage
+case $V in
+    control) FILES="control claim-finish upkeep-none" ;;
+    hot) FILES="narrow token-on-lease pick-due-delete claim-finish upkeep-explicit" ;;
+    hot-guarded) FILES="narrow token-on-lease pick-due-delete claim-finish upkeep-explicit keep-in-step guarded-trigger" ;;
+    hot-keep-token) FILES="narrow pick-due-delete claim-finish upkeep-explicit" ;;
+    hot-row-trigger) FILES="narrow token-on-lease pick-due claim-finish upkeep-none keep-in-step row-trigger" ;;
+    hot-statement-trigger) FILES="narrow token-on-lease pick-due claim-finish upkeep-none statement-trigger" ;;
+    *) usage ;;
+esac
 [[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 1 ] && [ "$N" -le 64 ] || usage
 [[ $BATCH =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] && [ "$BATCH" -le 1000 ] || usage
 [[ $FF =~ ^[0-9]+$ ]] && [ "$FF" -ge 10 ] && [ "$FF" -le 100 ] || usage
@@ -41,7 +55,7 @@ psql -q -d postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/
 DATABASE_URL="postgres://${PGUSER:-postgres}@${PGHOST:-127.0.0.1}:${PGPORT:-5432}/$DB" \
     "$EXE" migrate >/dev/null
 psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$ROOT/workers/probes/claim-streams/setup.sql" >/dev/null
-psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$HERE/$V.sql" >/dev/null
+for f in $FILES; do psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$HERE/$f.sql" >/dev/null; done
 psql -q -v ON_ERROR_STOP=1 -d "$DB" -c "ALTER TABLE batch_job_run SET (fillfactor = $FF)" \
     -c "VACUUM FULL batch_job_run" -c "VACUUM ANALYZE" >/dev/null
 SCRIPT=$(mktemp)
