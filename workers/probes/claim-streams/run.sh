@@ -25,16 +25,9 @@ MODE=$1 N=$2 BATCH=$3
 [[ $BATCH =~ ^[0-9]+$ ]] && [ "$BATCH" -ge 1 ] && [ "$BATCH" -le 1000 ] || usage
 [ $((48000 / BATCH / N)) -ge 1 ] || usage
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
-EXE="$ROOT/target/release/batchonce"
-[ -x "$EXE" ] || { echo "$0: $EXE is missing: cargo build --release -p batchonce-workers --bins" >&2; exit 1; }
-BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)
-[ -x "$BIN/pgbench" ] || { echo "$0: pgbench is missing (the PostgreSQL server binaries)" >&2; exit 1; }
+. "$HERE/../pgbench-db.sh"
 DB=batchonce_claim_probe
-psql -q -d postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
-DATABASE_URL="postgres://${PGUSER:-postgres}@${PGHOST:-127.0.0.1}:${PGPORT:-5432}/$DB" \
-    "$EXE" migrate >/dev/null
-psql -q -d "$DB" -f "$HERE/setup.sql" >/dev/null
+probe_database "$DB"
 SCRIPT=$(mktemp)
 trap 'rm -f "$SCRIPT"' EXIT
 echo '\set b :client_id % 2' >"$SCRIPT"

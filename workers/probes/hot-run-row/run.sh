@@ -45,16 +45,9 @@ esac
 [[ $FF =~ ^[0-9]+$ ]] && [ "$FF" -ge 10 ] && [ "$FF" -le 100 ] || usage
 [ $((48000 / BATCH / N)) -ge 1 ] || usage
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
-EXE="$ROOT/target/release/batchonce"
-[ -x "$EXE" ] || { echo "$0: $EXE is missing: cargo build --release -p batchonce-workers --bins" >&2; exit 1; }
-BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)
-[ -x "$BIN/pgbench" ] || { echo "$0: pgbench is missing (the PostgreSQL server binaries)" >&2; exit 1; }
+. "$HERE/../pgbench-db.sh"
 DB=batchonce_hot_probe
-psql -q -d postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null 2>&1
-DATABASE_URL="postgres://${PGUSER:-postgres}@${PGHOST:-127.0.0.1}:${PGPORT:-5432}/$DB" \
-    "$EXE" migrate >/dev/null
-psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$ROOT/workers/probes/claim-streams/setup.sql" >/dev/null
+probe_database "$DB"
 for f in $FILES; do psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$HERE/$f.sql" >/dev/null; done
 psql -q -v ON_ERROR_STOP=1 -d "$DB" -c "ALTER TABLE batch_job_run SET (fillfactor = $FF)" \
     -c "VACUUM FULL batch_job_run" -c "VACUUM ANALYZE" >/dev/null
