@@ -13,7 +13,8 @@
 //! belong to the whole server. `wait_until` polls a condition every 50 ms until a timeout;
 //! `wait_for_count` (an `i64` query reaching a value, to act mid-run) and `wait_for_status` (a run
 //! reaching one of some statuses) are the two waits the process tests share; and `scratch_dir`
-//! makes a fresh folder for one test's files. `OwnCluster` is a PostgreSQL cluster of one test's
+//! makes a fresh folder for one test's files; `assert_lists_in_step` checks that the
+//! due and running lists name exactly the PENDING and RUNNING runs. `OwnCluster` is a PostgreSQL cluster of one test's
 //! own, for tests that stop and restart the server (a worker surviving a database restart). The engine's integration tests and the job-kind
 //! crates' tests use it through a dev-dependency with `features = ["testing"]`.
 
@@ -187,6 +188,35 @@ pub async fn wait_for_status(
         status.is_some_and(|s| want.contains(&s.as_str()))
     })
     .await
+}
+
+/// Every PENDING run listed in `batch_job_due` and every RUNNING run in
+/// `batch_job_running`, and nothing else listed (migration
+/// 20261207000001): panics naming the runs out of step. Stale entries
+/// would be harmless (every reader checks the run row), but they mean a
+/// writer forgot its lists, and a forgotten PENDING run is never claimed.
+pub async fn assert_lists_in_step(pool: &PgPool) {
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT 'due' AS list, r.job_key::text, r.status::text FROM batch_job_run r \
+         WHERE (r.status = 'PENDING') <> EXISTS (SELECT FROM batch_job_due d \
+               WHERE d.job_key = r.job_key AND d.next_run_at = r.next_run_at \
+                 AND d.job_name = r.job_name AND d.scoped = (r.scope IS NOT NULL)) \
+         UNION ALL SELECT 'running', r.job_key::text, r.status::text FROM batch_job_run r \
+         WHERE (r.status = 'RUNNING') <> EXISTS (SELECT FROM batch_job_running l \
+               WHERE l.job_key = r.job_key AND l.job_name = r.job_name) \
+         UNION ALL SELECT 'due', d.job_key::text, 'no run' FROM batch_job_due d \
+         WHERE NOT EXISTS (SELECT FROM batch_job_run r WHERE r.job_key = d.job_key) \
+         UNION ALL SELECT 'running', l.job_key::text, 'no run' FROM batch_job_running l \
+         WHERE NOT EXISTS (SELECT FROM batch_job_run r WHERE r.job_key = l.job_key) \
+         ORDER BY 2 LIMIT 20",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| panic!("reading the run lists: {e}"));
+    assert!(
+        rows.is_empty(),
+        "runs out of step with their lists (list, key, status): {rows:?}"
+    );
 }
 
 /// A fresh folder for one test's files (configs, logs, clusters) under

@@ -61,6 +61,8 @@ use sqlx::PgPool;
 const ENGINE_TABLES: &[&str] = &[
     "batch_job_run",
     "batch_job_attempt",
+    "batch_job_due",
+    "batch_job_running",
     "batch_worker",
     "batch_process_config",
     "batch_operator_action",

@@ -2,7 +2,8 @@
 //!
 //! A fenced transaction keeps its run row locked `FOR KEY SHARE` while its
 //! statements run, and every takeover (release, recovery, `runs fail`)
-//! changes the lease token, a unique key, so it waits for that lock. When a
+//! changes the lease token, which takes `FOR UPDATE` (a trigger, migration
+//! 20261207000001), so it waits for that lock. When a
 //! handler's statement itself waits on a lock that another session holds
 //! (an operator's `psql` holding summary rows), everything behind the run
 //! waits with it. This module gives each party a way out:
@@ -343,9 +344,9 @@ pub async fn lock_wait(
         SELECT a.pid, a.wait_event_type, a.wait_event,
                (COALESCE(a.backend_xid = (SELECT r.xmax FROM batch_job_run r
                                           WHERE r.job_key = $1), false)
-                OR (SELECT count(*) FROM batch_job_run r
-                    WHERE r.lease_owner = $2 AND r.status = 'RUNNING'
-                      AND r.lease_expires_at IS NOT NULL) = 1) AS for_this_run,
+                OR (SELECT count(*) FROM batch_job_running l
+                    JOIN batch_job_run r ON r.job_key = l.job_key
+                    WHERE r.lease_owner = $2 AND r.status = 'RUNNING') = 1) AS for_this_run,
                extract(epoch FROM clock_timestamp() - a.query_start)::float8 AS waiting
         FROM pg_stat_activity a
         WHERE a.application_name = $2 AND a.datname = current_database()

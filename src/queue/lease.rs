@@ -4,9 +4,11 @@
 //! the token first.
 //!
 //! - `claim` claims runs and inserts their attempt rows in one statement. Its pick is the database
-//!   function `batchonce_due_runs` (fifth migration), which reads due runs through the partial
-//!   index `batch_job_run_claim_idx` in claim order and stops at the limit, locking with `SKIP
-//!   LOCKED`; the function's `SET enable_bitmapscan = off, enable_sort = off` keep it on that plan.
+//!   function `batchonce_due_runs3`, which takes the due runs from their list `batch_job_due`
+//!   (migration 20261207000001) through its index `batch_job_due_claim_idx` in claim order and stops
+//!   at the limit, locking with `SKIP LOCKED`; the function's `SET enable_bitmapscan = off,
+//!   enable_sort = off` keep it on that plan. The claim takes a picked run only if its row still
+//!   says PENDING, and keeps `batch_job_running` in step itself.
 //!   As a plain query, under statistics that said few runs were pending (a table never analyzed, or
 //!   one analyzed while it was all history) the planner read every pending run with a bitmap scan
 //!   and sorted them on each claim: 3 ms per claim of 10 at 20,000 pending, quadratic over a
@@ -248,10 +250,11 @@ pub async fn begin_fenced(
         .bind(format!("{}ms", idle.as_millis()))
         .execute(&mut *tx)
         .await?;
-    // FOR KEY SHARE: every takeover changes the lease token, a unique key,
-    // so its UPDATE takes FOR UPDATE and waits for this lock, while the
-    // holder's heartbeat changes no key and passes it (migration
-    // 20261203000001). The commit's own update of the row (NO KEY UPDATE)
+    // FOR KEY SHARE: every takeover changes the lease token of a RUNNING
+    // run, and a trigger makes such an UPDATE take FOR UPDATE, which waits
+    // for this lock (migration 20261207000001; until then the token was a
+    // unique key, which did the same), while the holder's heartbeat changes
+    // no token and passes it. The commit's own update of the row (NO KEY UPDATE)
     // does not conflict with a KEY SHARE lock, its own or another fenced
     // transaction's, so upgrading it cannot deadlock.
     // The server's pid and this transaction's start name the session, so

@@ -53,10 +53,11 @@ const LIVE: &str = r#"
                COALESCE(r.stale_after, make_interval(secs => $2)) AS eff_stale,
                COALESCE(r.lease_ttl, make_interval(secs => $3)) AS eff_ttl,
                COALESCE(r.on_lease_expiry = 'hold', false) AS eff_hold
-        FROM batch_job_run r
-        -- A lease expiry is set exactly while RUNNING; saying so lets the
-        -- scan use batch_job_run_lease_idx.
-        WHERE r.status = 'RUNNING' AND r.lease_expires_at IS NOT NULL
+        -- The RUNNING runs are listed in batch_job_running; their rows are
+        -- the truth, so a listed run that is no longer RUNNING is left out.
+        FROM batch_job_running l
+        JOIN batch_job_run r ON r.job_key = l.job_key
+        WHERE r.status = 'RUNNING'
     ), judged AS (
         SELECT live.*, t.now,
                (live.started_at < t.now - live.eff_stale
@@ -139,7 +140,10 @@ pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueErr
     let mut stmt = crate::db::statement(pool).await?;
     let oldest: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
-         FROM batch_job_run WHERE status = 'PENDING' AND next_run_at <= COALESCE($1, now())",
+         FROM (SELECT d.next_run_at FROM batch_job_due d \
+               WHERE d.next_run_at <= COALESCE($1, now()) AND EXISTS \
+                 (SELECT FROM batch_job_run r WHERE r.job_key = d.job_key AND r.status = 'PENDING') \
+               ORDER BY d.next_run_at, d.job_key LIMIT 1) oldest",
     )
     .bind(clock.bind())
     .fetch_one(stmt.conn())
@@ -343,9 +347,10 @@ pub async fn gauges(
              (SELECT status, count(*) AS n FROM batch_job_run r
               WHERE r.job_name = f.job_name AND r.partition_of IS NOT NULL GROUP BY status) s)
             AS partitions,
-          (SELECT coalesce(extract(epoch FROM t.now - min(next_run_at)), 0)::float8
-             FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status = 'PENDING' AND next_run_at <= t.now) AS oldest,
+          (SELECT coalesce(extract(epoch FROM t.now - min(d.next_run_at)), 0)::float8
+             FROM batch_job_due d WHERE d.job_name = f.job_name AND d.next_run_at <= t.now
+              AND EXISTS (SELECT FROM batch_job_run r
+                          WHERE r.job_key = d.job_key AND r.status = 'PENDING')) AS oldest,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name AND j.is_stale) AS stale,
           (SELECT extract(epoch FROM max(finished_at))::float8
              FROM batch_job_run r WHERE r.job_name = f.job_name
@@ -367,8 +372,12 @@ pub async fn gauges(
                       WHERE o.job_name = f.job_name AND o.scope IS NOT NULL
                         AND o.partition_of IS NULL
                         AND o.status IN ('PENDING', 'RUNNING', 'FAILED')))) AS last_done,
-          (SELECT coalesce(max(attempts), 0)::bigint FROM batch_job_run r
-             WHERE r.job_name = f.job_name AND status IN ('PENDING', 'RUNNING')) AS attempts,
+          (SELECT coalesce(max(r.attempts), 0)::bigint
+             FROM (SELECT d.job_key FROM batch_job_due d WHERE d.job_name = f.job_name
+                   UNION ALL SELECT l.job_key FROM batch_job_running l
+                   WHERE l.job_name = f.job_name) o
+             JOIN batch_job_run r ON r.job_key = o.job_key
+             WHERE r.status IN ('PENDING', 'RUNNING')) AS attempts,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name
               AND j.lease_expires_at <= j.now) AS expired,
           (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM

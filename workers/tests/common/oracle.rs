@@ -115,6 +115,7 @@ async fn commit_times(pool: &PgPool) -> String {
 /// committed after it would look like one that committed in time.
 pub async fn settlement(pool: &PgPool) -> Settled {
     assert_commit_times(&commit_times(pool).await);
+    batchonce::testing::assert_lists_in_step(pool).await;
     let sql = r#"
         WITH runs AS (
             SELECT job_key, period_start, period_end,
