@@ -163,7 +163,9 @@ END;
 $$;
 
 -- The earliest releases' pick (through batchonce_claim): neither
--- partitioned nor scoped runs.
+-- partitioned nor scoped runs. batchonce_claim updates every key it is
+-- given without looking at the status, so this pick locks the run rows too
+-- and returns only PENDING ones, as it did when it read the run table.
 CREATE OR REPLACE FUNCTION batchonce_due_runs(p_jobs text[], p_limit bigint, p_now timestamptz)
 RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE
@@ -178,10 +180,11 @@ BEGIN
         WHERE d2.next_run_at <= p_now
           AND d2.job_name = ANY (p_jobs)
           AND NOT d2.scoped
+          AND r.status = 'PENDING'
           AND r.partition_count IS NULL
         ORDER BY d2.next_run_at, d2.job_key
         LIMIT p_limit
-        FOR UPDATE OF d2 SKIP LOCKED))
+        FOR UPDATE OF d2, r SKIP LOCKED))
     RETURNING d.job_key::text;
 END;
 $$;

@@ -218,6 +218,15 @@ async fn a_stale_due_entry_is_dropped_by_the_claim() {
         .execute(pool)
         .await
         .unwrap();
+    // The earliest releases' claim, which updates whatever its pick
+    // returns, leaves it alone; this release's claim drops it.
+    let old: Vec<(String,)> = sqlx::query_as(
+        "SELECT job_key FROM batchonce_claim('{test-job}', '{30}', 10, 'old', NULL)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(old.is_empty(), "{old:?}");
     assert!(claim_all(pool, 10).await.is_empty());
     assert_eq!(status(pool, &r.key).await, "SUCCEEDED");
     assert_lists_in_step(pool).await;
