@@ -8,7 +8,8 @@
 -- writes the new version on the same page and no index entry at all. What
 -- those indexes answered moves to two narrow tables:
 --
---   batch_job_due      the PENDING runs, in claim order: the claim's pick;
+--   batch_job_due      the PENDING runs, in claim order: the claim picks
+--                      and deletes its entries in its own statement;
 --   batch_job_running  the RUNNING runs: lease recovery, the stale views
 --                      and the gauges.
 --
@@ -138,9 +139,13 @@ ALTER TABLE batch_job_run DROP CONSTRAINT batch_job_run_lease_token_key;
 -- rows enqueued from now on get the room.
 ALTER TABLE batch_job_run SET (fillfactor = 45);
 
--- The pick: takes the due entries it returns, in claim order, skipping
--- those another claimer holds. The caller takes each run only if it is
--- still PENDING, so a stale entry is dropped here and harms nothing.
+-- The pick of the due list for any caller but batchonce_claim3, which
+-- picks inside its own statement (below): the due entries in claim order,
+-- locked, skipping those another claimer holds. It deletes nothing: a
+-- function called from a statement reads with a snapshot of its own, newer
+-- than the statement's, so the caller's UPDATE may not see a run this pick
+-- saw enqueued a moment ago, and a deleted entry would be lost with it. The
+-- caller's update of the run takes its entry off the list (the trigger).
 CREATE OR REPLACE FUNCTION batchonce_due_runs3(p_jobs text[], p_limit bigint, p_now timestamptz,
                                                p_scoped boolean)
 RETURNS SETOF text
@@ -150,22 +155,21 @@ SET enable_sort = off
 AS $$
 BEGIN
     RETURN QUERY
-    DELETE FROM batch_job_due d WHERE d.job_key = ANY (ARRAY(
-        SELECT d2.job_key FROM batch_job_due d2
-        WHERE d2.next_run_at <= p_now
-          AND d2.job_name = ANY (p_jobs)
-          AND (p_scoped OR NOT d2.scoped)
-        ORDER BY d2.next_run_at, d2.job_key
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED))
-    RETURNING d.job_key::text;
+    SELECT d.job_key::text FROM batch_job_due d
+    WHERE d.next_run_at <= p_now
+      AND d.job_name = ANY (p_jobs)
+      AND (p_scoped OR NOT d.scoped)
+    ORDER BY d.next_run_at, d.job_key
+    LIMIT p_limit
+    FOR UPDATE SKIP LOCKED;
 END;
 $$;
 
 -- The earliest releases' pick (through batchonce_claim): neither
 -- partitioned nor scoped runs. batchonce_claim updates every key it is
 -- given without looking at the status, so this pick locks the run rows too
--- and returns only PENDING ones, as it did when it read the run table.
+-- and returns only PENDING ones, as it did when it read the run table; like
+-- batchonce_due_runs3 it deletes nothing.
 CREATE OR REPLACE FUNCTION batchonce_due_runs(p_jobs text[], p_limit bigint, p_now timestamptz)
 RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE
@@ -174,22 +178,21 @@ SET enable_sort = off
 AS $$
 BEGIN
     RETURN QUERY
-    DELETE FROM batch_job_due d WHERE d.job_key = ANY (ARRAY(
-        SELECT d2.job_key FROM batch_job_due d2
-        JOIN batch_job_run r ON r.job_key = d2.job_key
-        WHERE d2.next_run_at <= p_now
-          AND d2.job_name = ANY (p_jobs)
-          AND NOT d2.scoped
-          AND r.status = 'PENDING'
-          AND r.partition_count IS NULL
-        ORDER BY d2.next_run_at, d2.job_key
-        LIMIT p_limit
-        FOR UPDATE OF d2, r SKIP LOCKED))
-    RETURNING d.job_key::text;
+    SELECT d.job_key::text FROM batch_job_due d
+    JOIN batch_job_run r ON r.job_key = d.job_key
+    WHERE d.next_run_at <= p_now
+      AND d.job_name = ANY (p_jobs)
+      AND NOT d.scoped
+      AND r.status = 'PENDING'
+      AND r.partition_count IS NULL
+    ORDER BY d.next_run_at, d.job_key
+    LIMIT p_limit
+    FOR UPDATE OF d, r SKIP LOCKED;
 END;
 $$;
 
--- The claim, keeping the lists in step itself (the trigger skips it).
+-- The claim, keeping the lists in step itself (the trigger skips it). Its
+-- pick is its own (batchonce_due_runs3 is for other callers).
 CREATE OR REPLACE FUNCTION batchonce_claim3(p_jobs text[], p_ttls float8[], p_limit bigint,
                                             p_worker text, p_now timestamptz, p_scoped boolean)
 RETURNS TABLE (job_key text, job_name text, business_date date, attempts integer,
@@ -209,9 +212,21 @@ BEGIN
     END IF;
     PERFORM set_config('batchonce.in_step', 'on', true);
     RETURN QUERY
+    -- The pick takes the due entries it returns, in claim order, skipping
+    -- those another claimer holds. It is part of this statement, so it reads
+    -- with the snapshot the update of the runs reads with: an entry it sees,
+    -- it sees the run of (both are written in one transaction), and an entry
+    -- whose run is no longer PENDING is dropped here, harming nothing.
     WITH picked AS (
-        SELECT batchonce_due_runs3(p_jobs, p_limit, COALESCE(p_now, now()),
-                                   COALESCE(p_scoped, false)) AS job_key
+        DELETE FROM batch_job_due d WHERE d.job_key = ANY (ARRAY(
+            SELECT d2.job_key FROM batch_job_due d2
+            WHERE d2.next_run_at <= COALESCE(p_now, now())
+              AND d2.job_name = ANY (p_jobs)
+              AND (COALESCE(p_scoped, false) OR NOT d2.scoped)
+            ORDER BY d2.next_run_at, d2.job_key
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED))
+        RETURNING d.job_key
     ), claimed AS (
         UPDATE batch_job_run r
         SET status = 'RUNNING',

@@ -3,16 +3,18 @@
 //! impossible by construction: `begin_fenced` locks the run row and checks
 //! the token first.
 //!
-//! - `claim` claims runs and inserts their attempt rows in one statement. Its pick is the database
-//!   function `batchonce_due_runs3`, which takes the due runs from their list `batch_job_due`
-//!   (migration 20261207000001) through its index `batch_job_due_claim_idx` in claim order and stops
-//!   at the limit, locking with `SKIP LOCKED`; the function's `SET enable_bitmapscan = off,
-//!   enable_sort = off` keep it on that plan. The claim takes a picked run only if its row still
-//!   says PENDING, and keeps `batch_job_running` in step itself.
-//!   As a plain query, under statistics that said few runs were pending (a table never analyzed, or
-//!   one analyzed while it was all history) the planner read every pending run with a bitmap scan
-//!   and sorted them on each claim: 3 ms per claim of 10 at 20,000 pending, quadratic over a
-//!   backlog. The claim then updates the picked runs by an array of keys (`job_key =
+//! - `claim` claims runs and inserts their attempt rows in one statement, the database function
+//!   `batchonce_claim3`. Its pick takes the due runs from their list `batch_job_due` (migration
+//!   20261207000001) through its index `batch_job_due_claim_idx` in claim order, stops at the limit,
+//!   locks with `SKIP LOCKED` and deletes the entries it takes, within the claim's own statement:
+//!   a pick in a function of its own read with a newer snapshot than the claim's update, which then
+//!   missed a run enqueued in between while its entry was gone. The claim takes a picked run only
+//!   if its row still says PENDING, and keeps `batch_job_running` in step itself.
+//!   On the run table, under statistics that said few runs were pending (a table never analyzed,
+//!   or one analyzed while it was all history), the pick read every pending run with a bitmap scan
+//!   and sorted them on each claim (3 ms per claim of 10 at 20,000 pending); the list holds only
+//!   due runs, and `tests/queue.rs` checks that its pick reads what it takes under the generic
+//!   plan. The claim then updates the picked runs by an array of keys (`job_key =
 //!   ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the whole table either. It
 //!   also sets `heartbeat_processed = processed_count`, so the items of earlier attempts never look
 //!   like progress of the new one in `stale_runs`.
