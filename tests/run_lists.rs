@@ -290,3 +290,73 @@ async fn hot_updates(conn: &mut sqlx::PgConnection) -> (i64, i64) {
     .await
     .unwrap()
 }
+
+/// Runs enqueued one at a time while claims run back to back are all
+/// claimed: a claim never drops the due entry of a run it does not take.
+/// (A pick in a function of its own read with a newer snapshot than the
+/// claim's update: it deleted the entry of a run enqueued a moment before,
+/// which the update did not see, and the run was never claimed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_enqueued_during_claims_are_all_claimed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let db = TestDb::new(&[]).await;
+    let total: u32 = 1200;
+    let enqueued = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for c in 0..4 {
+        let pool = db.pool.clone();
+        let enqueued = enqueued.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("w{c}");
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while std::time::Instant::now() < deadline {
+                let leases = queue::claim(&pool, &worker, &spec(), 3, Clock::Db)
+                    .await
+                    .unwrap();
+                if leases.is_empty() {
+                    let left: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM batch_job_run WHERE status <> 'SUCCEEDED'",
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                    if enqueued.load(Ordering::SeqCst) && left == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let batch: Vec<(Fence, Finish)> = leases
+                    .iter()
+                    .map(|l| (l.fence(), Finish::Succeeded))
+                    .collect();
+                queue::finish_many(&pool, &batch, Clock::Db).await.unwrap();
+            }
+        }));
+    }
+    for d in 0..total {
+        queue::enqueue(&db.pool, &[run(d, 2)], Clock::Db)
+            .await
+            .unwrap();
+    }
+    enqueued.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stuck: Vec<(String, String)> = sqlx::query_as(
+        "SELECT job_key::text, status::text FROM batch_job_run WHERE status <> 'SUCCEEDED' \
+         ORDER BY 1 LIMIT 10",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(stuck.is_empty(), "runs never claimed: {stuck:?}");
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM batch_job_run WHERE status = 'SUCCEEDED'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(n, i64::from(total));
+    assert_lists_in_step(&db.pool).await;
+}
