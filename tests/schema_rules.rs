@@ -270,3 +270,39 @@ async fn an_attempt_being_inserted_holds_its_run() {
         "batch_job_attempt_run_fkey"
     );
 }
+
+/// A function that runs with its owner's rights resolves names in the
+/// engine's schema only, and PUBLIC may not call it: a migration that
+/// replaces one (CREATE OR REPLACE resets its settings) must pin its search
+/// path again.
+#[tokio::test]
+async fn every_owner_rights_function_pins_its_search_path() {
+    let db = TestDb::new(&[]).await;
+    let unpinned: Vec<(String, Option<Vec<String>>, bool)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text, p.proconfig,
+                has_function_privilege('public', p.oid, 'EXECUTE')
+         FROM pg_proc p
+         WHERE p.pronamespace = current_schema()::regnamespace
+           AND p.prosecdef
+           AND (NOT coalesce(p.proconfig, '{}') @> ARRAY[
+                    format('search_path=%s, pg_temp', quote_ident(current_schema()))]
+                OR has_function_privilege('public', p.oid, 'EXECUTE'))
+         ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        unpinned.is_empty(),
+        "owner-rights functions not pinned or open to PUBLIC: {unpinned:?}"
+    );
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_proc
+         WHERE pronamespace = current_schema()::regnamespace AND prosecdef",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    // The claim, the finish, recovery and the other engine steps.
+    assert!(count >= 5, "only {count} owner-rights functions found");
+}

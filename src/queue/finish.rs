@@ -8,7 +8,10 @@
 //!   order, or `None` for a token that no longer owns its run (nothing is written for that one, the
 //!   others are unaffected); a key twice is refused before anything is written. Rows are locked in
 //!   key order, so two batches never wait on each other in a cycle, and the statement starts from
-//!   its input rows and looks runs up by key, so its cost grows with the batch, not the table.
+//!   its input rows and looks runs up by key, so its cost grows with the batch, not the table:
+//!   `batchonce_finish` names `job_key = ANY (p_keys)` on every table it reads and runs without
+//!   sequential scans or nested loops (migration 20261207000002), because under a run table
+//!   analyzed while empty or small a plan read all of it for each finish (3 s a finish in a drain).
 //!   `finish` is `finish_many` of one. A release also raises the run's `max_attempts` by one,
 //!   capped at 1000. `finish_many_within` is the same statement in a transaction with
 //!   `lock_timeout` set (`SET LOCAL`, through `set_config`), for a worker's release after an abort.
@@ -19,7 +22,8 @@
 //! - `recover_expired(jobs, legacy_retry, clock)` handles lease-expiry recovery for the worker's
 //!   jobs, following each run's stored `on_lease_expiry`; `legacy_retry` (the worker's own `retry`
 //!   jobs) serves only runs without a context. It locks with `FOR UPDATE SKIP LOCKED`, so a run
-//!   whose holder has a fence open is left until the fence ends.
+//!   whose holder has a fence open is left until the fence ends. It reads the running list's keys
+//!   first and the runs by them, like the finish (migration 20261207000002).
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -10,11 +10,11 @@
 //!   a pick in a function of its own read with a newer snapshot than the claim's update, which then
 //!   missed a run enqueued in between while its entry was gone. The claim takes a picked run only
 //!   if its row still says PENDING, and keeps `batch_job_running` in step itself.
-//!   On the run table, under statistics that said few runs were pending (a table never analyzed,
-//!   or one analyzed while it was all history), the pick read every pending run with a bitmap scan
-//!   and sorted them on each claim (3 ms per claim of 10 at 20,000 pending); the list holds only
-//!   due runs, and `tests/queue.rs` checks that its pick reads what it takes under the generic
-//!   plan. The claim then updates the picked runs by an array of keys (`job_key =
+//!   The function runs with `enable_seqscan`, `enable_bitmapscan` and `enable_sort` off (migration
+//!   20261207000002): under statistics taken while the list was empty, the usual state of a quiet
+//!   system, the planner read and sorted every due entry on each claim (18 ms a claim at the start
+//!   of a 60,000-run drain; quadratic over an outage's backlog), and `tests/queue.rs` checks that
+//!   the claim reads about what it takes under custom and generic plans. The claim then updates the picked runs by an array of keys (`job_key =
 //!   ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the whole table either. It
 //!   also sets `heartbeat_processed = processed_count`, so the items of earlier attempts never look
 //!   like progress of the new one in `stale_runs`.
