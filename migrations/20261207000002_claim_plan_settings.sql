@@ -146,7 +146,7 @@ ALTER FUNCTION batchonce_finish(text[], bigint[], text[], text[], float8[], time
 -- Lease-expiry recovery, which every worker runs on a timer, joined the
 -- running list to the run table and read all of the run table's primary
 -- key under the same statistics (5,001 entries for 200 running runs in
--- tests/queue.rs). It now takes the listed keys first and reads the runs,
+-- tests/plans.rs). It now takes the listed keys first and reads the runs,
 -- and their attempts, by those keys, with the same settings as the finish.
 -- The rest of the body is 20261207000001's.
 CREATE OR REPLACE FUNCTION batchonce_recover_expired(p_jobs text[], p_legacy text[], p_now timestamptz)

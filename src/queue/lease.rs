@@ -13,7 +13,7 @@
 //!   The function runs with `enable_seqscan`, `enable_bitmapscan` and `enable_sort` off (migration
 //!   20261207000002): under statistics taken while the list was empty, the usual state of a quiet
 //!   system, the planner read and sorted every due entry on each claim (18 ms a claim at the start
-//!   of a 60,000-run drain; quadratic over an outage's backlog), and `tests/queue.rs` checks that
+//!   of a 60,000-run drain; quadratic over an outage's backlog), and `tests/plans.rs` checks that
 //!   the claim reads about what it takes under custom and generic plans. The claim then updates the picked runs by an array of keys (`job_key =
 //!   ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the whole table either. It
 //!   also sets `heartbeat_processed = processed_count`, so the items of earlier attempts never look
