@@ -45,6 +45,22 @@ async fn db_now(pool: &PgPool) -> DateTime<Utc> {
         .unwrap()
 }
 
+/// A connection of its own whose statements are planned under `mode` (a
+/// value of `plan_cache_mode`).
+async fn planned(db: &TestDb, mode: &str) -> sqlx::PgConnection {
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let set: String = sqlx::query_scalar("SELECT current_setting('plan_cache_mode')")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(set, mode);
+    conn
+}
+
 /// A backlog that statistics do not know about is claimed from the head of
 /// the due list's index, not by reading and sorting every due run on each
 /// claim. The statistics here are a quiet system's: the due list was last
@@ -82,12 +98,8 @@ async fn a_backlog_unknown_to_statistics_is_claimed_from_the_head() {
         // the whole backlog (5,000 entries) for a custom plan. If it did
         // not, these statistics would not be the ones that hurt, and the
         // claim's check below would say nothing.
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut conn = planned(&db, mode).await;
         let mut tx = conn.begin().await.unwrap();
-        sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
         let plain: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM (SELECT job_key FROM batch_job_due \
              WHERE next_run_at <= $1 AND job_name = ANY($2) \
@@ -114,12 +126,8 @@ async fn a_backlog_unknown_to_statistics_is_claimed_from_the_head() {
 
         // The claim (its pick, its delete of the entries it took) reads
         // about as many entries as it takes.
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut conn = planned(&db, mode).await;
         let mut tx = conn.begin().await.unwrap();
-        sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
         let picked: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM batchonce_claim3('{test-job}', '{30}', 10, 'w', NULL, false)",
         )
@@ -229,12 +237,8 @@ async fn a_finish_reads_its_runs_by_key_whatever_the_statistics() {
         let keys: Vec<String> = leases.iter().map(|l| l.key.to_string()).collect();
         let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
         for mode in ["force_custom_plan", "force_generic_plan"] {
-            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            let mut conn = planned(&db, mode).await;
             let mut tx = conn.begin().await.unwrap();
-            sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-                .execute(&mut *tx)
-                .await
-                .unwrap();
             let finished: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM batchonce_finish($1, $2, \
                     array_fill('succeeded'::text, ARRAY[200]), array_fill(''::text, ARRAY[200]), \
@@ -271,12 +275,8 @@ async fn recovery_reads_the_running_runs_by_key_whatever_the_statistics() {
         }
         for mode in ["force_custom_plan", "force_generic_plan"] {
             for (when, expired) in [("now()", 0i64), ("now() + interval '1 day'", 200)] {
-                let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+                let mut conn = planned(&db, mode).await;
                 let mut tx = conn.begin().await.unwrap();
-                sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
                 let recovered: i64 = sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM batchonce_recover_expired('{{test-job}}', '{{test-job}}', {when})"
                 ))
