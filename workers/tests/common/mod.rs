@@ -19,6 +19,8 @@ use sqlx::PgPool;
 pub mod oracle;
 #[allow(dead_code)]
 pub mod prometheus;
+#[allow(dead_code)]
+pub mod logins;
 #[allow(unused_imports)]
 pub use oracle::items_outside_their_lease;
 
