@@ -35,3 +35,26 @@ BEGIN
     REVOKE EXECUTE ON FUNCTION batchonce_now(timestamptz) FROM PUBLIC;
 END
 $$;
+
+-- Issue 42, items 3 and 5: which transaction holds an open fence of which
+-- run, recorded by the engine's fence functions (SECURITY DEFINER; no role
+-- may read or write this table). A transaction is named by its backend's
+-- pid and its start (`now()` inside it, `xact_start` in pg_stat_activity),
+-- the pair `queue::blockers` names sessions by: a pid the server gives to
+-- a later session never matches, because that session's transactions
+-- start later. A row of a transaction that has ended means nothing and is
+-- removed lazily. Unlogged: it describes live transactions only, which a
+-- crash or a failover ends anyway, and it costs no WAL.
+--   - `batchonce_require_fence()` (item tables' trigger) accepts a write
+--     only if this transaction has a row for the written row's run;
+--   - the operator's audited end of a session accepts only a session that
+--     has a row for the run the operator acts on, in its current
+--     transaction.
+CREATE UNLOGGED TABLE batch_fence_held (
+    pid        integer      NOT NULL,
+    xact_start timestamptz  NOT NULL,
+    job_key    varchar(120) NOT NULL,
+    CONSTRAINT batch_fence_held_pkey PRIMARY KEY (pid, job_key)
+);
+COMMENT ON TABLE batch_fence_held IS
+    'The open fences: backend pid and transaction start of the transaction that opened a fence of job_key (engine functions only; rows of ended transactions are stale and removed lazily).';
