@@ -481,6 +481,14 @@ async fn account(user: &str, group: Option<&str>) -> Result<Account, JobError> {
 /// would fail again; none ran the program as the worker's user.
 fn as_user_error(program: &str, user: &str, e: std::io::Error) -> JobError {
     use std::io::ErrorKind;
+    // EPERM is the switch refused (EACCES a path the user cannot reach);
+    // both are `PermissionDenied` to std.
+    if e.raw_os_error() == Some(nix::libc::EPERM) {
+        return JobError::Fatal(format!(
+            "cannot start `{program}` as user {user}: the worker could not switch to that user \
+             ({e}); the program was not started"
+        ));
+    }
     match e.kind() {
         ErrorKind::PermissionDenied => JobError::Fatal(format!(
             "cannot start `{program}` as user {user}: permission denied (can {user} search the \
