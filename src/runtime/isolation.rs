@@ -20,8 +20,9 @@
 //! each checked, then every capability dropped and the result verified.
 //! The supervisor itself keeps the worker's identity, so it can still kill
 //! the program's group, and the program cannot signal or read it. A program
-//! that keeps the worker's user loses the worker's ambient capabilities
-//! ([`clear_ambient_capabilities`]), which are there for `run_as_user`.
+//! that keeps the worker's user loses the worker's inheritable and ambient
+//! capabilities ([`clear_inherited_capabilities`]), which are there for
+//! `run_as_user`.
 
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -34,12 +35,25 @@ pub fn make_non_dumpable() -> nix::Result<()> {
     nix::sys::prctl::set_dumpable(false)
 }
 
-/// Clears this process's ambient capabilities, between fork and exec of a
-/// program that keeps the worker's user: a worker that holds capabilities
-/// for `run_as_user` (systemd's `AmbientCapabilities=`) must not pass them
-/// on to every program it runs. A kernel without ambient capabilities
-/// (before 4.3) has none to clear.
-pub fn clear_ambient_capabilities() -> std::io::Result<()> {
+/// Clears this process's inheritable and ambient capabilities, between
+/// fork and exec of a program that keeps the worker's user: a worker that
+/// holds capabilities for `run_as_user` (systemd's `AmbientCapabilities=`)
+/// must not pass them on to every program it runs, through the ambient set
+/// or a file's inheritable capabilities. A kernel without ambient
+/// capabilities (before 4.3) has none to clear.
+pub fn clear_inherited_capabilities() -> std::io::Result<()> {
+    let caps = capabilities()?;
+    if caps.inheritable != 0 {
+        let half = |c: Caps, high: bool| {
+            let pick = |m: u64| if high { (m >> 32) as u32 } else { m as u32 };
+            CapData {
+                effective: pick(c.effective),
+                permitted: pick(c.permitted),
+                inheritable: 0,
+            }
+        };
+        set_capabilities([half(caps, false), half(caps, true)])?;
+    }
     // SAFETY: a plain prctl with integer arguments; a raw system call, so
     // it is safe between fork and exec.
     let r = unsafe {

@@ -12,6 +12,9 @@
 //!   working directory the user cannot search, and a worker that may not
 //!   switch users each fail the run at once with a reason, and the program
 //!   never runs (as the worker's user or any other).
+//! - A worker that is not root but holds CAP_SETUID, CAP_SETGID and CAP_KILL
+//!   (systemd's `AmbientCapabilities=`) passes none of them to a program,
+//!   whether the program switches users or not.
 //! - A bad `run_as_user` is one configuration error.
 //!
 //! The worker runs as `nobody` (created with `useradd` when missing), which
@@ -462,6 +465,109 @@ async fn run_as_user_needs_a_worker_that_may_switch() {
     assert_eq!((status.as_str(), attempts), ("FAILED", 1), "{error}");
     assert!(error.contains("names the worker's own user"), "{error}");
     assert!(!out.join("itself.ran").exists(), "the program ran anyway");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The capability sets of a `grep ^Cap /proc/self/status` dump, by name,
+/// without the bounding set (every process has one).
+fn capabilities(p: &Path) -> Vec<(String, String)> {
+    read(p)
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .filter(|(k, _)| k != "CapBnd")
+        .collect()
+}
+
+/// A worker that is not root but holds CAP_SETUID, CAP_SETGID and CAP_KILL
+/// as ambient capabilities (as systemd's `AmbientCapabilities=` gives
+/// them) runs a `run_as_user` program as that user, and neither it nor the
+/// program of a job without `run_as_user` keeps any capability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capable_worker_passes_no_capability_to_its_programs() {
+    let Some(nobody) = user("nobody") else { return };
+    let Some(other) = user("daemon").or_else(|| user("bo-program-other")) else {
+        return;
+    };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        return missing("setpriv (util-linux) is not installed");
+    }
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let url = forwarded(&db.url).await;
+    let dir = public_dir("stolen-capable");
+    let bin = reachable_binary(&dir);
+    let out = out_dir(&dir);
+    let cfg = dir.join("batchonce.toml");
+    let probe = |name: &str| {
+        format!(
+            "id -u > {out}/{name}.uid; grep ^Cap /proc/self/status > {out}/{name}.caps",
+            out = out.display()
+        )
+    };
+    std::fs::write(
+        &cfg,
+        format!(
+            "[jobs.as-other]\ncommand = [\"sh\", \"-c\", \"{other_probe}\"]\nrun_as_user = \"{user}\"\n\
+             working_dir = \"{out}\"\nmax_attempts = 1\n\n\
+             [jobs.plain]\ncommand = [\"sh\", \"-c\", \"{plain_probe}\"]\nmax_attempts = 1\n",
+            other_probe = probe("other"),
+            plain_probe = probe("plain"),
+            user = other.name,
+            out = out.display(),
+        ),
+    )
+    .unwrap();
+    chmod(&cfg, 0o644);
+    let jobs = ["as-other", "plain"];
+    enqueue(&db, &cfg, &jobs);
+    let log = dir.join("worker.log");
+    let caps = "+setuid,+setgid,+kill";
+    let mut w = Command::new("setpriv")
+        .arg(format!("--reuid={}", nobody.uid))
+        .arg(format!("--regid={}", nobody.gid))
+        .arg("--clear-groups")
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
+        .arg(&bin)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("DATABASE_URL", &url)
+        .env("SECRET_TOKEN", TOKEN)
+        .current_dir(&dir)
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "worker",
+            "--worker-id",
+            "w-capable",
+            "--poll-interval",
+            "200ms",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_done(&db, &jobs).await;
+    common::sigterm_and_wait(&mut w);
+
+    for job in jobs {
+        let (status, _, error, _) = run(&db, job).await;
+        assert_eq!(status, "SUCCEEDED", "{job}: {error}");
+    }
+    assert_eq!(read(&out.join("other.uid")).trim(), other.uid.to_string());
+    assert_eq!(read(&out.join("plain.uid")).trim(), nobody.uid.to_string());
+    for name in ["other", "plain"] {
+        let caps = capabilities(&out.join(format!("{name}.caps")));
+        assert_eq!(caps.len(), 4, "{name}: {caps:?}");
+        for (set, mask) in &caps {
+            assert_eq!(
+                mask, "0000000000000000",
+                "{name}: the program kept the worker's capabilities in {set}: {caps:?}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -352,7 +352,7 @@ fn report(socket: &mut StdUnixStream, r: &Report) {
 /// Runs in the program's process before exec: the signal mask the
 /// supervisor inherited, the identity of `run_as_user` if the job names
 /// one (and then a working directory that identity can search), otherwise
-/// none of the worker's ambient capabilities, and
+/// none of the worker's inheritable or ambient capabilities, and
 /// SIGKILL from the kernel when the supervisor dies, set last because a
 /// change of identity clears it. Failing here fails the spawn, so neither
 /// a failed switch nor a supervisor that died between fork and `prctl`
@@ -364,7 +364,7 @@ fn prepare_program(mask: &SigSet, switch: Option<&Switch>, supervisor: Pid) -> s
             switch.apply()?;
             nix::unistd::access(".", nix::unistd::AccessFlags::X_OK)?;
         }
-        None => isolation::clear_ambient_capabilities()?,
+        None => isolation::clear_inherited_capabilities()?,
     }
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     if nix::unistd::getppid() != supervisor {
