@@ -37,6 +37,13 @@ pub struct CommandSpec {
     pub skipped_exit_code: i32,
     /// Exit codes that fail the run at once instead of retrying.
     pub fatal_exit_codes: Vec<i32>,
+    /// The user the program runs as instead of the worker's (see
+    /// [`crate::runtime::isolation`]); checked as a name here, resolved on
+    /// the worker's host when the program starts.
+    pub run_as_user: Option<String>,
+    /// The group the program runs as instead of the user's primary group;
+    /// only with `run_as_user`.
+    pub run_as_group: Option<String>,
 }
 
 impl CommandSpec {
@@ -51,6 +58,8 @@ impl CommandSpec {
             database_url_env: None,
             skipped_exit_code: 3,
             fatal_exit_codes: vec![2, 126, 127],
+            run_as_user: None,
+            run_as_group: None,
         }
     }
 }
@@ -65,6 +74,8 @@ pub(super) const COMMAND_KEYS: &[&str] = &[
     "database_url_env",
     "skipped_exit_code",
     "fatal_exit_codes",
+    "run_as_user",
+    "run_as_group",
 ];
 
 /// Longest command line (program and arguments, in bytes).
@@ -86,6 +97,30 @@ pub fn is_variable_name(name: &str) -> bool {
 /// `pass_env` name may stand in for them.
 fn set_by_the_worker(name: &str) -> bool {
     name.starts_with("BATCHONCE_") || name == "DATABASE_URL"
+}
+
+/// Whether `name` can be a user or group name on every system batchonce
+/// runs on: 1 to 32 ASCII letters, digits, `_`, `-` and `.`, starting with
+/// a letter or `_` (so never a number, nor an option).
+pub fn is_account_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+fn account_name(value: &toml::Value, what: &str) -> Result<String, String> {
+    let name = as_str(value)?;
+    if is_account_name(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{:?} is not a {what} name (1 to 32 letters, digits, _, - or ., starting with a \
+             letter or _)",
+            crate::text::truncate(name)
+        ))
+    }
 }
 
 fn variable_name(name: &str) -> Result<(), String> {
@@ -162,6 +197,8 @@ pub(super) fn apply_command_keys(
                 variable_name(name).map_err(err)?;
                 spec.database_url_env = Some(name.to_owned());
             }
+            "run_as_user" => spec.run_as_user = Some(account_name(value, "user").map_err(err)?),
+            "run_as_group" => spec.run_as_group = Some(account_name(value, "group").map_err(err)?),
             "skipped_exit_code" => {
                 spec.skipped_exit_code = as_int(value, 1, 255).map_err(err)? as i32
             }
@@ -185,6 +222,12 @@ pub(super) fn apply_command_keys(
         return Err((
             format!("{path}.pass_env"),
             format!("{name} is also in env; give it one way only"),
+        ));
+    }
+    if spec.run_as_group.is_some() && spec.run_as_user.is_none() {
+        return Err((
+            format!("{path}.run_as_group"),
+            "only with run_as_user: name the user the program runs as".into(),
         ));
     }
     if spec.fatal_exit_codes.contains(&spec.skipped_exit_code) {
@@ -430,5 +473,52 @@ env = { NODE_ENV = "production" }
         assert!(err(&format!("{cmd}pass_env = [{}]\n", many.join(", "))).contains("at most 100"));
         assert!(err("[jobs.daily-settlement]\npass_env = [\"A\"]")
             .contains("`jobs.daily-settlement.pass_env`: only a command job"));
+    }
+
+    #[test]
+    fn run_as_user_and_group_are_account_names() {
+        let c = Config::parse(
+            "[jobs.x]\ncommand = [\"true\"]\nrun_as_user = \"batch-jobs\"\nrun_as_group = \"_jobs.1\"\n",
+            "t.toml",
+            &kinds(),
+        )
+        .unwrap();
+        let spec = c.jobs[&JobName::parse("x").unwrap()]
+            .command
+            .clone()
+            .unwrap();
+        assert_eq!(spec.run_as_user.as_deref(), Some("batch-jobs"));
+        assert_eq!(spec.run_as_group.as_deref(), Some("_jobs.1"));
+        let cmd = "[jobs.x]\ncommand = [\"true\"]\n";
+        let long = format!("run_as_user = \"{}\"", "a".repeat(33));
+        for (text, want) in [
+            (
+                "run_as_user = \"bad name!\"",
+                "`jobs.x.run_as_user`: \"bad name!\" is not a user name",
+            ),
+            ("run_as_user = \"\"", "is not a user name"),
+            ("run_as_user = \"1000\"", "is not a user name"),
+            ("run_as_user = \"-n\"", "is not a user name"),
+            ("run_as_user = \"a/b\"", "is not a user name"),
+            (long.as_str(), "is not a user name"),
+            (
+                "run_as_user = 65534",
+                "`jobs.x.run_as_user`: expected a string",
+            ),
+            (
+                "run_as_user = \"nobody\"\nrun_as_group = \"x y\"",
+                "`jobs.x.run_as_group`: \"x y\" is not a group name",
+            ),
+            (
+                "run_as_group = \"nogroup\"",
+                "`jobs.x.run_as_group`: only with run_as_user",
+            ),
+        ] {
+            let e = err(&format!("{cmd}{text}\n"));
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(err("[jobs.daily-settlement]\nrun_as_user = \"nobody\"")
+            .contains("`jobs.daily-settlement.run_as_user`: only a command job"));
     }
 }

@@ -16,6 +16,14 @@
 //! 2, 126, 127) FAILED at once; anything else, a signal or the timeout: retry
 //! with backoff until `max_attempts`.
 //!
+//! `run_as_user` (and `run_as_group`): the account is resolved before
+//! anything starts ([`isolation::resolve`]); a user that does not exist,
+//! root, the worker's own user, or a worker without the privilege to switch
+//! is `Fatal`, and the program never starts, as the worker's user or any
+//! other. The supervisor switches the program's process
+//! (`supervisor::command_as`); a switch that fails, or a working directory
+//! the user cannot search, fails the spawn, `Fatal` with the user named.
+//!
 //! Command jobs: a job declared in `batchonce.toml` with `command = [...]` runs an external program
 //! as its handler.
 //!
@@ -105,7 +113,7 @@
 //! keeps the supervisor free of raw file descriptors (no `unsafe` but the `pre_exec` hook), and
 //! lets tests drive it by hand.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -118,6 +126,10 @@ use tracing::{info, warn};
 
 use crate::config::{CommandSpec, Config, JobConfig};
 use crate::key::JobName;
+pub use crate::runtime::command_env::{
+    environment, environment_as, run_variables, worker_environment, EnvError, BASE_ENV,
+};
+use crate::runtime::isolation::{self, Account};
 use crate::runtime::job::{Job, JobContext, JobError, LeaseRenewal, Outcome, Registry};
 use crate::runtime::supervisor::{self, Ending, StartError, Supervised};
 
@@ -197,118 +209,6 @@ async fn record_attempt(ctx: &JobContext, tail: &Mutex<VecDeque<String>>) {
     }
 }
 
-/// The variables of the worker's environment that every program receives
-/// when the worker has them, besides every `LC_*`: what a program needs to
-/// find programs, its home, its locale, its time zone and its temporary
-/// folder, and who it runs as. `SHELL` is not among them: the program is
-/// run directly, not through a shell; name it in `pass_env` if a program
-/// wants it.
-pub const BASE_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME",
-];
-
-/// Why a program's environment cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EnvError {
-    #[error(
-        "database_url_env names {0}, which is not set (or empty) in the worker's environment; \
-         set it to the URL this program connects with"
-    )]
-    DatabaseUrlUnset(String),
-}
-
-/// The worker's environment as the program's is built from: its variables
-/// whose name and value are UTF-8 (the control socket carries JSON).
-pub fn worker_environment() -> BTreeMap<String, String> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect()
-}
-
-/// The run's own variables: its identity, lease token and context.
-pub fn run_variables(ctx: &JobContext) -> Vec<(String, String)> {
-    let mut vars = vec![
-        ("BATCHONCE_JOB_KEY".into(), ctx.key.to_string()),
-        ("BATCHONCE_JOB_NAME".into(), ctx.job.to_string()),
-        (
-            "BATCHONCE_BUSINESS_DATE".into(),
-            ctx.business_date.to_string(),
-        ),
-        ("BATCHONCE_ATTEMPT".into(), ctx.attempt.to_string()),
-        ("BATCHONCE_LEASE_TOKEN".into(), ctx.lease_token.to_string()),
-        ("BATCHONCE_WORKER_ID".into(), ctx.worker_id.clone()),
-        // The run's own context, fixed when it was enqueued.
-        (
-            "BATCHONCE_TIMEZONE".into(),
-            ctx.run.timezone.name().to_owned(),
-        ),
-        (
-            "BATCHONCE_PERIOD_START".into(),
-            ctx.run.period_start.to_rfc3339(),
-        ),
-        (
-            "BATCHONCE_PERIOD_END".into(),
-            ctx.run.period_end.to_rfc3339(),
-        ),
-        ("BATCHONCE_PAYLOAD".into(), ctx.payload.to_string()),
-        // The rule for the program's fenced transactions (shorter than a
-        // third of the lease) needs the lease it runs under.
-        (
-            "BATCHONCE_LEASE_TTL_MS".into(),
-            ctx.run.lease_ttl.as_millis().to_string(),
-        ),
-        // libpq and node-postgres name their sessions after it, so the
-        // program's own sessions count as the worker's in `runs stale`.
-        ("PGAPPNAME".into(), ctx.worker_id.clone()),
-    ];
-    // Which step of the run this is: a partition works on the items for
-    // which `batchonce_partition(item_key, BATCHONCE_PARTITIONS)` is
-    // BATCHONCE_PARTITION, fenced by this partition's own key and token.
-    vars.extend(ctx.step.env().into_iter().map(|(k, v)| (k.to_owned(), v)));
-    // A scoped run's scope, the part of its key after `@`: the program
-    // works on that scope's items alone. Unset for an unscoped run.
-    if let Some(scope) = &ctx.scope {
-        vars.push(("BATCHONCE_SCOPE".to_owned(), scope.as_str().to_owned()));
-    }
-    vars
-}
-
-/// The program's whole environment, and nothing else: the [`BASE_ENV`]
-/// and `LC_*` variables of the worker's, the ones `pass_env` names, the
-/// job's `env` table, the run's variables, and the URL of
-/// `database_url_env` as `DATABASE_URL` and `BATCHONCE_DATABASE_URL`. Each
-/// later source wins over an earlier one (the configuration refuses the
-/// names that would clash with the worker's own). A `pass_env` name the
-/// worker does not have is left out, as if unset.
-pub fn environment(
-    spec: &CommandSpec,
-    run: Vec<(String, String)>,
-    worker: &BTreeMap<String, String>,
-) -> Result<Vec<(String, String)>, EnvError> {
-    let mut env = BTreeMap::new();
-    for (k, v) in worker {
-        if BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_") {
-            env.insert(k.clone(), v.clone());
-        }
-    }
-    for name in &spec.pass_env {
-        if let Some(v) = worker.get(name) {
-            env.insert(name.clone(), v.clone());
-        }
-    }
-    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    env.extend(run);
-    if let Some(var) = &spec.database_url_env {
-        let url = worker
-            .get(var)
-            .filter(|u| !u.trim().is_empty())
-            .ok_or_else(|| EnvError::DatabaseUrlUnset(var.clone()))?;
-        env.insert("BATCHONCE_DATABASE_URL".into(), url.clone());
-        env.insert("DATABASE_URL".into(), url.clone());
-    }
-    Ok(env.into_iter().collect())
-}
-
 /// The supervisor's deadline for a lease renewal: a quarter of the ttl
 /// before the earliest expiry, so the program is dead before another worker
 /// can take the run over. A healthy worker renews every third of the ttl.
@@ -322,11 +222,27 @@ async fn run_command(
     tail: Arc<Mutex<VecDeque<String>>>,
 ) -> Result<Outcome, JobError> {
     let program = &spec.argv[0];
-    // Built first: a missing database URL is a configuration problem that
-    // another attempt would meet again.
-    let env = environment(spec, run_variables(ctx), &worker_environment())
-        .map_err(|e| JobError::Fatal(e.to_string()))?;
-    let mut cmd = supervisor::command(supervisor::own_executable(), &spec.argv);
+    // Resolved first, like the environment below: a user that does not
+    // exist here, or a worker that may not switch to it, is a problem
+    // another attempt would meet again, and the program must never run as
+    // the worker's user instead.
+    let account = match &spec.run_as_user {
+        Some(user) => Some(account(user, spec.run_as_group.as_deref()).await?),
+        None => None,
+    };
+    // A missing database URL is a configuration problem too.
+    let env = environment_as(
+        spec,
+        run_variables(ctx),
+        &worker_environment(),
+        account.as_ref(),
+    )
+    .map_err(|e| JobError::Fatal(e.to_string()))?;
+    let mut cmd = supervisor::command_as(
+        supervisor::own_executable(),
+        &spec.argv,
+        account.as_ref().map(|a| &a.switch),
+    );
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     if let Some(dir) = &spec.working_dir {
         // Checked here: a missing directory would otherwise be reported by
@@ -369,7 +285,7 @@ async fn run_command(
                 let _ = tokio::join!(out, err);
             })
             .await;
-            return Err(start_error(program, e, &tail));
+            return Err(start_error(program, e, &tail, spec.run_as_user.as_deref()));
         }
     };
     info!(job_key = %ctx.key, attempt = ctx.attempt, pid, supervisor = sup.id(),
@@ -534,10 +450,54 @@ fn map_exit(
     }
 }
 
-fn start_error(program: &str, e: StartError, tail: &Mutex<VecDeque<String>>) -> JobError {
-    match e {
-        StartError::Program(e) => spawn_error(program, e),
-        e => JobError::Retryable(with_tail(format!("cannot start `{program}`: {e}"), tail)),
+fn start_error(
+    program: &str,
+    e: StartError,
+    tail: &Mutex<VecDeque<String>>,
+    user: Option<&str>,
+) -> JobError {
+    match (e, user) {
+        (StartError::Program(e), Some(user)) => as_user_error(program, user, e),
+        (StartError::Program(e), None) => spawn_error(program, e),
+        (e, _) => JobError::Retryable(with_tail(format!("cannot start `{program}`: {e}"), tail)),
+    }
+}
+
+/// The account of `run_as_user`, looked up off the runtime's threads (the
+/// user database may be a network service).
+async fn account(user: &str, group: Option<&str>) -> Result<Account, JobError> {
+    let (user, group) = (user.to_owned(), group.map(str::to_owned));
+    match tokio::task::spawn_blocking(move || isolation::resolve(&user, group.as_deref())).await {
+        Ok(Ok(account)) => Ok(account),
+        Ok(Err(e)) => Err(JobError::Fatal(e.to_string())),
+        Err(e) => Err(JobError::Retryable(format!(
+            "looking up run_as_user failed: {e}"
+        ))),
+    }
+}
+
+/// A program that could not start as `run_as_user`: the switch, a working
+/// directory the user cannot search, or a program it cannot execute. Each
+/// would fail again; none ran the program as the worker's user.
+fn as_user_error(program: &str, user: &str, e: std::io::Error) -> JobError {
+    use std::io::ErrorKind;
+    // EPERM is the switch refused (EACCES a path the user cannot reach);
+    // both are `PermissionDenied` to std.
+    if e.raw_os_error() == Some(nix::libc::EPERM) {
+        return JobError::Fatal(format!(
+            "cannot start `{program}` as user {user}: the worker could not switch to that user \
+             ({e}); the program was not started"
+        ));
+    }
+    match e.kind() {
+        ErrorKind::PermissionDenied => JobError::Fatal(format!(
+            "cannot start `{program}` as user {user}: permission denied (can {user} search the \
+             working directory and every folder above it, and execute the program?)"
+        )),
+        ErrorKind::NotFound => spawn_error(program, e),
+        _ => JobError::Fatal(format!(
+            "cannot start `{program}` as user {user}: {e}; the program was not started"
+        )),
     }
 }
 
@@ -657,74 +617,6 @@ mod tests {
         buf.clear();
         read_line_capped(&mut r, &mut buf).await.unwrap();
         assert_eq!(buf, b"next\n");
-    }
-
-    fn worker() -> BTreeMap<String, String> {
-        [
-            ("PATH", "/usr/bin:/bin"),
-            ("HOME", "/home/batch"),
-            ("LANG", "ko_KR.UTF-8"),
-            ("LC_TIME", "C"),
-            ("TZ", "Asia/Seoul"),
-            ("SHELL", "/bin/bash"),
-            ("DATABASE_URL", "postgres://worker:worker-pw@db/batch"),
-            (
-                "BATCHONCE_LISTEN_URL",
-                "postgres://worker:listen-pw@db/batch",
-            ),
-            ("NOTIFY_API_TOKEN", "token-secret"),
-            ("NODE_OPTIONS", "--max-old-space-size=512"),
-            (
-                "INVOICES_DATABASE_URL",
-                "postgres://invoices:narrow@db/batch",
-            ),
-            ("EMPTY_URL", " "),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-    }
-
-    #[test]
-    fn a_program_gets_the_base_what_is_named_and_the_run_nothing_else() {
-        let run = vec![("BATCHONCE_JOB_KEY".to_owned(), "x:2026-09-15".to_owned())];
-        let mut spec = CommandSpec::new(vec!["x".into()]);
-        let env: BTreeMap<_, _> = environment(&spec, run.clone(), &worker())
-            .unwrap()
-            .into_iter()
-            .collect();
-        let names: Vec<&str> = env.keys().map(String::as_str).collect();
-        assert_eq!(
-            names,
-            ["BATCHONCE_JOB_KEY", "HOME", "LANG", "LC_TIME", "PATH", "TZ"]
-        );
-
-        spec.pass_env = vec!["NODE_OPTIONS".into(), "HTTPS_PROXY".into()];
-        spec.database_url_env = Some("INVOICES_DATABASE_URL".into());
-        spec.env.insert("PATH".into(), "/opt/node/bin".into());
-        let env: BTreeMap<_, _> = environment(&spec, run.clone(), &worker())
-            .unwrap()
-            .into_iter()
-            .collect();
-        assert_eq!(env["NODE_OPTIONS"], "--max-old-space-size=512");
-        assert!(!env.contains_key("HTTPS_PROXY"), "not set in the worker");
-        assert_eq!(env["PATH"], "/opt/node/bin", "the env table wins");
-        for var in ["DATABASE_URL", "BATCHONCE_DATABASE_URL"] {
-            assert_eq!(env[var], "postgres://invoices:narrow@db/batch");
-        }
-        let all = format!("{env:?}");
-        for secret in ["worker-pw", "listen-pw", "token-secret", "SHELL"] {
-            assert!(!all.contains(secret), "{secret} reached the program");
-        }
-
-        for unset in ["NO_SUCH_VARIABLE", "EMPTY_URL"] {
-            spec.database_url_env = Some(unset.into());
-            let e = environment(&spec, run.clone(), &worker()).unwrap_err();
-            assert_eq!(e, EnvError::DatabaseUrlUnset(unset.into()));
-            assert!(e
-                .to_string()
-                .contains(&format!("database_url_env names {unset}")));
-        }
     }
 
     #[test]

@@ -14,9 +14,12 @@
 //!   and NOTIFY loops).
 //! - `job.rs`: the job API a kind implements (`Job`) and receives
 //!   (`JobContext`).
-//! - `command.rs`: command jobs (environment, exit codes, output, fence).
+//! - `command.rs`: command jobs (exit codes, output, timeout, stopping);
+//!   `command_env.rs` what their program receives in its environment.
 //! - `supervisor.rs`: the process between a worker and a command job's
 //!   program.
+//! - `isolation.rs`: what a program can reach of the processes above it
+//!   (non-dumpable processes, `run_as_user`).
 //! - `worker_registry.rs`: `batch_worker` and `batch_process_config`.
 //!
 //! This layer must never write `batch_job_run` or `batch_job_attempt`
@@ -25,6 +28,8 @@
 //! kinds arrive through a `job::Registry` built by the binary.
 
 pub mod command;
+pub mod command_env;
+pub mod isolation;
 pub mod job;
 pub mod producer;
 pub mod supervisor;
