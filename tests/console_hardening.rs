@@ -191,6 +191,16 @@ async fn x_forwarded_for_counts_only_from_a_trusted_proxy() {
         "198.51.100.9 via 127.0.0.1",
     )
     .await;
+    // A name has its own count, whichever clients try it.
+    for i in 0..MAX_FAILED_LOGINS {
+        let t = form_token(&c).await;
+        let xff = format!("192.0.2.{i}");
+        let (s, _) = try_sign_in(&c, &t, "carol", "wrong", Some(&xff)).await;
+        assert_eq!(s, StatusCode::SEE_OTHER, "try {i}");
+    }
+    let t = form_token(&c).await;
+    let (s, _) = try_sign_in(&c, &t, "carol", "wrong", Some("192.0.2.99")).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "the name's tries ran out");
     for i in 0..MAX_FAILED_LOGINS {
         let t = form_token(&c).await;
         let xff = format!("10.9.9.{i}, 198.51.100.7");
