@@ -5,6 +5,7 @@
 'use strict';
 const crypto = require('node:crypto');
 const fs = require('node:fs');
+const util = require('node:util');
 
 /** A variable of the run's environment is missing or malformed. */
 class ContextError extends Error {
@@ -106,6 +107,52 @@ function isTimeZone(tz) {
   }
 }
 
+const DB_SECRET_PARAMS = /^(password|sslpassword|sslkey)$/i;
+
+/**
+ * The database URL as it may be shown: its password, and any password in its
+ * query, replaced by `***`. A string that is no URL is not shown at all.
+ */
+function redactUrl(u) {
+  if (u === null || u === undefined) return null;
+  try {
+    const url = new URL(u);
+    if (url.password) url.password = '***';
+    for (const k of [...url.searchParams.keys()]) {
+      if (DB_SECRET_PARAMS.test(k)) url.searchParams.set(k, '***');
+    }
+    return url.toString();
+  } catch (_) {
+    return '[redacted]';
+  }
+}
+
+// A context printed (console.log, util.inspect, JSON.stringify) shows the
+// database URL without its password: scripts print their context while they
+// are being written, and the output lands in the worker's log. The methods
+// are not enumerable, so keys and spreads are unchanged; a copy made with a
+// spread prints what it holds.
+function printable(obj) {
+  const shown = {};
+  for (const k of Object.keys(obj)) shown[k] = obj[k];
+  if ('databaseUrl' in shown) shown.databaseUrl = redactUrl(shown.databaseUrl);
+  return shown;
+}
+
+function frozenContext(obj) {
+  Object.defineProperty(obj, 'toJSON', {
+    value() {
+      return printable(this);
+    },
+  });
+  Object.defineProperty(obj, util.inspect.custom, {
+    value() {
+      return printable(this);
+    },
+  });
+  return Object.freeze(obj);
+}
+
 /**
  * The run's context, read from the environment the batchonce worker gives a
  * command job and checked: each missing or malformed variable is one
@@ -204,7 +251,7 @@ function context(env = process.env) {
   if (!isTimeZone(timezone)) {
     throw new ContextError(`BATCHONCE_TIMEZONE is ${JSON.stringify(timezone)}: expected an IANA time zone such as Asia/Seoul`);
   }
-  return Object.freeze({
+  return frozenContext({
     key,
     job,
     businessDate,
@@ -353,7 +400,7 @@ async function run(main, env = process.env) {
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
-  const live = Object.freeze({
+  const live = frozenContext({
     ...ctx,
     signal: controller.signal,
     get stopping() {

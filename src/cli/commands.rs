@@ -182,6 +182,8 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             proxy_user_header,
             proxy_secret_env,
             secure_cookies,
+            no_secure_cookies,
+            trusted_proxy,
             hash_password,
         } => {
             if *hash_password {
@@ -217,19 +219,21 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 }
                 _ => None,
             };
-            if !listen.ip().is_loopback() && !*secure_cookies {
-                tracing::warn!(%listen, "the console listens beyond loopback without --secure-cookies: put it behind HTTPS");
+            let mut opts = crate::console::ConsoleOptions::new(*listen, users);
+            opts.proxy = proxy;
+            opts.trusted_proxies = trusted_proxy.clone();
+            opts.secure_cookies = match (*secure_cookies, *no_secure_cookies) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
+            if !listen.ip().is_loopback() && !opts.secure() {
+                tracing::warn!(%listen, "the console listens beyond loopback with --no-secure-cookies: its session cookie may travel over plain HTTP");
             }
             let url = require_url(&cli)?;
             let pool = db::connect_lazy(url, "batchonce-console", 4)?;
             let signals = Shutdown::default();
             spawn_signal_handler(signals.clone())?;
-            let opts = crate::console::ConsoleOptions {
-                listen: *listen,
-                users,
-                proxy,
-                secure_cookies: *secure_cookies,
-            };
             crate::console::serve(pool, opts, signals.shutdown.clone()).await?;
             Ok(ExitCode::SUCCESS)
         }

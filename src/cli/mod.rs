@@ -272,9 +272,22 @@ enum Command {
         /// `X-Batchonce-Proxy-Secret` (at least 16 characters).
         #[arg(long, requires = "proxy_user_header")]
         proxy_secret_env: Option<String>,
-        /// Mark cookies `Secure`: browsers reach the console over HTTPS.
-        #[arg(long)]
+        /// Mark cookies `Secure`, so browsers send them only over HTTPS:
+        /// the default unless --listen is a loopback address.
+        #[arg(long, conflicts_with = "no_secure_cookies")]
         secure_cookies: bool,
+        /// Do not mark cookies `Secure` even beyond loopback: only for a
+        /// console that browsers reach over plain HTTP on a trusted
+        /// network.
+        #[arg(long)]
+        no_secure_cookies: bool,
+        /// A reverse proxy (an address or a range, e.g. 10.0.0.0/8;
+        /// repeat or separate with commas) whose `X-Forwarded-For` names
+        /// the client: the sign-in limit and the audit then use the
+        /// right-most address it reports that is not itself a trusted
+        /// proxy. From any other peer the header is ignored.
+        #[arg(long, value_delimiter = ',', value_parser = trusted_proxy_arg)]
+        trusted_proxy: Vec<crate::console::client_addr::Cidr>,
         /// Print an argon2id hash of the password read from standard input
         /// (one line), for the users file, and exit.
         #[arg(long)]
@@ -427,6 +440,10 @@ struct ActionArgs {
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s)
+}
+
+fn trusted_proxy_arg(s: &str) -> Result<crate::console::client_addr::Cidr, String> {
+    crate::console::client_addr::Cidr::parse(s)
 }
 
 fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
@@ -671,4 +688,34 @@ fn validate_worker_id(id: &str) -> anyhow::Result<String> {
         bail!("invalid worker id {id:?}: use 1-63 letters, digits, '-', '_' or '.'");
     }
     Ok(id.to_owned())
+}
+
+#[cfg(test)]
+mod console_flag_tests {
+    use super::*;
+
+    fn console(args: &[&str]) -> Result<Command, clap::Error> {
+        let mut argv = vec!["batchonce", "console"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|c| c.command)
+    }
+
+    #[test]
+    fn secure_cookies_and_trusted_proxies_parse() {
+        let Ok(Command::Console {
+            secure_cookies,
+            no_secure_cookies,
+            trusted_proxy,
+            ..
+        }) = console(&["--no-secure-cookies", "--trusted-proxy", "10.0.0.0/8,::1"])
+        else {
+            panic!("console flags refused");
+        };
+        assert!(!secure_cookies && no_secure_cookies);
+        assert_eq!(trusted_proxy.len(), 2);
+        // One or the other, and only ranges.
+        assert!(console(&["--secure-cookies", "--no-secure-cookies"]).is_err());
+        let e = console(&["--trusted-proxy", "10.0.0.0/33"]).err().unwrap();
+        assert!(e.to_string().contains("not an address range"), "{e}");
+    }
 }

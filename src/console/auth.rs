@@ -1,30 +1,35 @@
 //! Who may use the console: the users file (name, role, argon2 password
-//! hash), the optional trusted reverse-proxy header, sessions, CSRF tokens
-//! and the login rate limit. Nothing here touches the database.
+//! hash), the demo's one-time login, the optional trusted reverse-proxy
+//! header, sessions and CSRF tokens. Nothing here touches the database;
+//! the sign-in limits are `limits.rs`'s.
 //!
 //! - A session is a random 256-bit id in an `HttpOnly`, `SameSite=Strict`
-//!   cookie (`Secure` when the console is served over TLS), kept in this
-//!   process's memory: a restart logs everyone out, and replicas need
-//!   sticky sessions. Each session has its own CSRF token, which every
-//!   form carries and every POST must return.
+//!   cookie (`Secure` unless the console listens on loopback, or as told),
+//!   kept in this process's memory: a restart logs everyone out, and
+//!   replicas need sticky sessions. Each session has its own CSRF token,
+//!   which every form carries and every POST must return.
 //! - The login form is protected by a double-submit token (a cookie and a
 //!   form field that must match), so another site cannot log a browser in
 //!   as someone else.
-//! - Failed logins are limited per remote address and per user name; an
-//!   unknown name costs the same argon2 verification as a known one.
+//! - An unknown name costs the same argon2 verification as a known one.
+//! - A one-time account (the demo's) signs in once; then it is spent.
 //! - The proxy header is believed only with the shared secret in
 //!   `X-Batchonce-Proxy-Secret`, and only for names the users file lists
 //!   (which gives their role).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
+use argon2::password_hash::{self, PasswordHash, PasswordHasher, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use rand::RngCore;
 use subtle::ConstantTimeEq;
+
+/// Where the sign-in limit was before it had a module of its own.
+pub use super::limits::{LOGIN_WINDOW, MAX_FAILED_LOGINS};
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,11 +89,23 @@ struct UserEntry {
 struct Account {
     role: Role,
     hash: Option<String>,
+    /// Set for a one-time account: whether it has signed in already.
+    spent: Option<AtomicBool>,
 }
 
 /// The operator's users: name → role and password hash.
 pub struct Users {
     accounts: HashMap<String, Account>,
+    stats: Arc<super::limits::VerifyStats>,
+}
+
+/// Why a sign-in was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such user, no password, or the wrong one.
+    Wrong,
+    /// The right password of a one-time account that already signed in.
+    Spent,
 }
 
 /// A user name: 1–64 letters, digits and `._@-`, so it is safe in a log
@@ -158,16 +175,34 @@ impl Users {
             let account = Account {
                 role,
                 hash: u.password_hash,
+                spent: None,
             };
             if accounts.insert(u.name.clone(), account).is_some() {
                 return Err(format!("user {} is listed twice", u.name));
             }
         }
-        Ok(Self { accounts })
+        Ok(Self::of(accounts))
     }
 
-    /// Users made in memory (the demo's one-time login).
+    fn of(accounts: HashMap<String, Account>) -> Self {
+        Self {
+            accounts,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Users made in memory.
     pub fn from_hashes(list: &[(&str, Role, String)]) -> Self {
+        Self::in_memory(list, false)
+    }
+
+    /// Users made in memory who each sign in once (the demo's login,
+    /// whose password is printed on a terminal).
+    pub fn one_time(list: &[(&str, Role, String)]) -> Self {
+        Self::in_memory(list, true)
+    }
+
+    fn in_memory(list: &[(&str, Role, String)], once: bool) -> Self {
         let accounts = list
             .iter()
             .map(|(n, role, hash)| {
@@ -176,11 +211,23 @@ impl Users {
                     Account {
                         role: *role,
                         hash: Some(hash.clone()),
+                        spent: once.then(|| AtomicBool::new(false)),
                     },
                 )
             })
             .collect();
-        Self { accounts }
+        Self::of(accounts)
+    }
+
+    /// How many argon2 verifications the console has run, and the most at
+    /// once: what a password guesser costs it.
+    #[cfg(feature = "testing")]
+    pub fn verifications(&self) -> Arc<super::limits::VerifyStats> {
+        self.stats.clone()
+    }
+
+    pub(crate) fn stats(&self) -> Arc<super::limits::VerifyStats> {
+        self.stats.clone()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -189,21 +236,39 @@ impl Users {
 
     /// The user, if `password` is theirs. Always runs one argon2
     /// verification, so an unknown name answers as slowly as a known one.
-    pub fn verify(&self, name: &str, password: &str) -> Option<User> {
+    /// A one-time account's right password signs in once: the first
+    /// caller takes it, even among callers at the same moment.
+    pub fn verify(&self, name: &str, password: &str) -> Result<User, Refusal> {
+        self.verify_in(&mut Vec::new(), name, password)
+    }
+
+    /// [`Users::verify`] with argon2's working memory in `memory` (grown
+    /// as the hash needs, kept for the next verification).
+    pub fn verify_in(
+        &self,
+        memory: &mut Vec<Block>,
+        name: &str,
+        password: &str,
+    ) -> Result<User, Refusal> {
         let account = self.accounts.get(name);
         let hash = account
             .and_then(|a| a.hash.as_deref())
             .unwrap_or(DUMMY_HASH);
-        let parsed = PasswordHash::new(hash).ok()?;
-        let ok = Argon2::default()
-            .verify_password(password.as_bytes(), &parsed)
-            .is_ok();
+        let parsed = PasswordHash::new(hash).map_err(|_| Refusal::Wrong)?;
+        let ok = verify_hash(memory, &parsed, password.as_bytes());
         match account {
-            Some(a) if ok && a.hash.is_some() => Some(User {
-                name: name.to_owned(),
-                role: a.role,
-            }),
-            _ => None,
+            Some(a) if ok && a.hash.is_some() => {
+                if let Some(spent) = &a.spent {
+                    if spent.swap(true, Ordering::SeqCst) {
+                        return Err(Refusal::Spent);
+                    }
+                }
+                Ok(User {
+                    name: name.to_owned(),
+                    role: a.role,
+                })
+            }
+            _ => Err(Refusal::Wrong),
         }
     }
 
@@ -214,6 +279,43 @@ impl Users {
             role: a.role,
         })
     }
+}
+
+/// Whether `password` is the one of `parsed`, as
+/// `Argon2::verify_password` says, but in `memory` rather than in memory
+/// allocated for each verification: the allocator keeps what a
+/// verification freed in the arena of the thread that ran it, so a
+/// verification in fresh memory on each of many threads left the process
+/// hundreds of MiB larger for good.
+fn verify_hash(memory: &mut Vec<Block>, parsed: &PasswordHash<'_>, password: &[u8]) -> bool {
+    let (Some(salt), Some(expected)) = (parsed.salt, parsed.hash) else {
+        return false;
+    };
+    let Ok(algorithm) = Algorithm::try_from(parsed.algorithm) else {
+        return false;
+    };
+    let Ok(version) = parsed
+        .version
+        .map_or(Ok(Version::default()), Version::try_from)
+    else {
+        return false;
+    };
+    let Ok(params) = Params::try_from(parsed) else {
+        return false;
+    };
+    let mut salt_buf = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_buf) else {
+        return false;
+    };
+    if memory.len() < params.block_count() {
+        memory.resize(params.block_count(), Block::default());
+    }
+    let mut out = vec![0u8; expected.len()];
+    Argon2::new(algorithm, version, params)
+        .hash_password_into_with_memory(password, salt, &mut out, &mut memory[..])
+        .is_ok()
+        // `Output`'s comparison takes the same time wherever they differ.
+        && password_hash::Output::new(&out).is_ok_and(|o| o == expected)
 }
 
 /// The argon2id hash of a password nobody knows, verified when the name is
@@ -329,66 +431,6 @@ fn live(s: &Session, now: Instant) -> bool {
     now.duration_since(s.last_used) < SESSION_IDLE && now.duration_since(s.created) < SESSION_MAX
 }
 
-/// Failed logins allowed per remote address and per user name in
-/// [`LOGIN_WINDOW`].
-pub const MAX_FAILED_LOGINS: usize = 5;
-pub const LOGIN_WINDOW: Duration = Duration::from_secs(5 * 60);
-
-/// Counts failed logins per remote address and per user name.
-#[derive(Default)]
-pub struct LoginLimiter {
-    failures: Mutex<HashMap<String, VecDeque<Instant>>>,
-}
-
-impl LoginLimiter {
-    /// `Some(wait)` when `addr` or `name` failed too often lately.
-    pub fn blocked(&self, addr: &str, name: &str) -> Option<Duration> {
-        let now = Instant::now();
-        let mut map = self.lock();
-        let mut wait = None;
-        for k in [format!("addr:{addr}"), format!("user:{name}")] {
-            if let Some(q) = map.get_mut(&k) {
-                while q
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) >= LOGIN_WINDOW)
-                {
-                    q.pop_front();
-                }
-                if q.len() >= MAX_FAILED_LOGINS {
-                    let until = q[q.len() - MAX_FAILED_LOGINS] + LOGIN_WINDOW;
-                    let w = until.saturating_duration_since(now);
-                    wait = Some(wait.map_or(w, |x: Duration| x.max(w)));
-                }
-            }
-        }
-        wait
-    }
-
-    pub fn failed(&self, addr: &str, name: &str) {
-        let now = Instant::now();
-        let mut map = self.lock();
-        // Bounded: entries older than the window are dropped on the way.
-        if map.len() > 100_000 {
-            map.retain(|_, q| {
-                q.back()
-                    .is_some_and(|t| now.duration_since(*t) < LOGIN_WINDOW)
-            });
-        }
-        for k in [format!("addr:{addr}"), format!("user:{name}")] {
-            let q = map.entry(k).or_default();
-            q.push_back(now);
-            while q.len() > MAX_FAILED_LOGINS {
-                q.pop_front();
-            }
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Instant>>> {
-        // As for the sessions: every change leaves the map consistent.
-        self.failures.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,11 +445,21 @@ mod tests {
         .unwrap();
         let alice = users.verify("alice", "correct horse").unwrap();
         assert_eq!(alice.role, Role::Operator);
-        assert!(users.verify("alice", "wrong").is_none());
+        assert_eq!(users.verify("alice", "wrong").err(), Some(Refusal::Wrong));
         // Bob has no password: only the proxy can sign him in.
-        assert!(users.verify("bob", "").is_none());
+        assert!(users.verify("bob", "").is_err());
         assert_eq!(users.proxied("bob").unwrap().role, Role::Viewer);
-        assert!(users.verify("nobody", "correct horse").is_none());
+        assert!(users.verify("nobody", "correct horse").is_err());
+        // Users of a file sign in as often as they like; a one-time
+        // account once.
+        assert!(users.verify("alice", "correct horse").is_ok());
+        let once = Users::one_time(&[("demo", Role::Operator, hash.clone())]);
+        assert!(once.verify("demo", "correct horse").is_ok());
+        assert_eq!(
+            once.verify("demo", "correct horse").err(),
+            Some(Refusal::Spent)
+        );
+        assert_eq!(once.verify("demo", "wrong").err(), Some(Refusal::Wrong));
         for (bad, why) in [
             ("[[user]]\nname = \"a b\"\nrole = \"viewer\"\n", "invalid user name"),
             ("[[user]]\nname = \"a\"\nrole = \"admin\"\n", "neither viewer nor operator"),
@@ -421,21 +473,42 @@ mod tests {
     }
 
     #[test]
-    fn the_dummy_hash_parses() {
-        // An unknown name must cost one real verification.
-        assert!(PasswordHash::new(DUMMY_HASH).is_ok());
+    fn verification_in_kept_memory_agrees_with_the_crate() {
+        use argon2::password_hash::PasswordVerifier;
+        let hash = hash_password("correct horse").unwrap();
+        let parsed = PasswordHash::new(&hash).unwrap();
+        let mut memory = Vec::new();
+        for pw in ["correct horse", "correct hors", "", "correct horse!"] {
+            assert_eq!(
+                verify_hash(&mut memory, &parsed, pw.as_bytes()),
+                Argon2::default()
+                    .verify_password(pw.as_bytes(), &parsed)
+                    .is_ok(),
+                "{pw}"
+            );
+        }
+        // Other parameters, in the same memory.
+        let small = Argon2::new(
+            Algorithm::Argon2id,
+            Version::V0x13,
+            Params::new(8, 1, 1, None).unwrap(),
+        );
+        let salt = SaltString::encode_b64(b"sixteen byte slt").unwrap();
+        let h = small.hash_password(b"pw", &salt).unwrap().to_string();
+        let parsed = PasswordHash::new(&h).unwrap();
+        assert!(verify_hash(&mut memory, &parsed, b"pw"));
+        assert!(!verify_hash(&mut memory, &parsed, b"px"));
     }
 
     #[test]
-    fn failed_logins_are_limited_per_address_and_name() {
-        let l = LoginLimiter::default();
-        for _ in 0..MAX_FAILED_LOGINS {
-            assert!(l.blocked("10.0.0.1", "alice").is_none());
-            l.failed("10.0.0.1", "alice");
-        }
-        assert!(l.blocked("10.0.0.1", "bob").is_some(), "same address");
-        assert!(l.blocked("10.0.0.2", "alice").is_some(), "same name");
-        assert!(l.blocked("10.0.0.2", "bob").is_none());
+    fn the_dummy_hash_parses() {
+        // An unknown name must cost one real verification: every part
+        // that `verify_hash` reads before hashing is good.
+        let parsed = PasswordHash::new(DUMMY_HASH).unwrap();
+        assert!(Params::try_from(&parsed).is_ok());
+        assert!(Algorithm::try_from(parsed.algorithm).is_ok());
+        assert!(parsed.hash.is_some());
+        assert!(parsed.salt.unwrap().decode_b64(&mut [0u8; 64]).is_ok());
     }
 
     #[test]

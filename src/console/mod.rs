@@ -3,7 +3,10 @@
 //! the database on every request, with the same audited actions as the
 //! command line.
 //!
-//! - `auth.rs`: users, sessions, CSRF tokens, the login rate limit.
+//! - `auth.rs`: users, sessions, CSRF tokens.
+//! - `login.rs`: the sign-in page and form, and the sign-out.
+//! - `limits.rs`: the sign-in limit and the bound on argon2 verifications.
+//! - `client_addr.rs`: the client's address, behind a trusted proxy too.
 //! - `html.rs`: the page frame, the style sheet and small markup helpers.
 //! - `pages.rs`: overview, runs, stale runs, audit log, workers.
 //! - `calendar.rs`: a job's business periods, including missing ones.
@@ -20,7 +23,10 @@
 
 pub mod auth;
 mod calendar;
+pub mod client_addr;
 mod html;
+pub mod limits;
+mod login;
 mod pages;
 mod run_page;
 mod scopes_page;
@@ -28,7 +34,7 @@ mod scopes_page;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Form, Query, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -38,13 +44,15 @@ use maud::html;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use auth::{LoginLimiter, Session, Sessions, Users};
+use auth::{Session, Sessions, Users};
+use client_addr::{Cidr, ClientAddr};
+use limits::{LoginLimiter, VerifyGate};
 
 /// The header a trusted reverse proxy puts the shared secret in.
 pub const PROXY_SECRET_HEADER: &str = "x-batchonce-proxy-secret";
 /// The session cookie, and the login form's double-submit cookie.
-const SESSION_COOKIE: &str = "batchonce_session";
-const LOGIN_COOKIE: &str = "batchonce_login";
+pub(crate) const SESSION_COOKIE: &str = "batchonce_session";
+pub(crate) const LOGIN_COOKIE: &str = "batchonce_login";
 
 /// Sign-in through a trusted reverse proxy.
 #[derive(Clone)]
@@ -60,9 +68,32 @@ pub struct ConsoleOptions {
     pub listen: SocketAddr,
     pub users: Users,
     pub proxy: Option<ProxyAuth>,
-    /// Mark cookies `Secure`: the console is reached over TLS (a
-    /// TLS-terminating proxy in front of it).
-    pub secure_cookies: bool,
+    /// Mark cookies `Secure` (browsers then send them only over HTTPS):
+    /// `None` marks them unless `listen` is a loopback address, where a
+    /// browser reaches the console without TLS.
+    pub secure_cookies: Option<bool>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+impl ConsoleOptions {
+    /// Options with no proxy and the defaults for `listen`.
+    pub fn new(listen: SocketAddr, users: Users) -> Self {
+        Self {
+            listen,
+            users,
+            proxy: None,
+            secure_cookies: None,
+            trusted_proxies: Vec::new(),
+        }
+    }
+
+    /// Whether cookies are marked `Secure`: as told, or unless the console
+    /// listens on loopback.
+    pub fn secure(&self) -> bool {
+        self.secure_cookies
+            .unwrap_or(!self.listen.ip().is_loopback())
+    }
 }
 
 /// Why the console could not start.
@@ -86,6 +117,8 @@ pub(crate) struct App {
     pub secure: bool,
     pub sessions: Sessions,
     pub limiter: LoginLimiter,
+    pub gate: VerifyGate,
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 /// The signed-in request: its session and where it came from.
@@ -100,13 +133,16 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
     if opts.users.is_empty() && opts.proxy.is_none() {
         return Err(ConsoleError::NoUsers);
     }
+    let secure = opts.secure();
     let app = Arc::new(App {
         pool,
+        gate: VerifyGate::new(opts.users.stats()),
         users: opts.users,
         proxy: opts.proxy,
-        secure: opts.secure_cookies,
+        secure,
         sessions: Sessions::default(),
         limiter: LoginLimiter::default(),
+        trusted_proxies: opts.trusted_proxies,
     });
     let signed_in = Router::new()
         .route("/", get(pages::overview))
@@ -119,7 +155,7 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
         .route("/stale", get(pages::stale))
         .route("/audit", get(pages::audit))
         .route("/workers", get(pages::workers))
-        .route("/logout", post(logout))
+        .route("/logout", post(login::logout))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Ok(Router::new()
         .route("/healthz", get(healthz))
@@ -128,7 +164,7 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
         // becomes a redirect to the sign-in page (which would replace the
         // sign-in form's token while the form is open).
         .route("/favicon.ico", get(|| async { StatusCode::NOT_FOUND }))
-        .route("/login", get(login_form).post(login))
+        .route("/login", get(login::login_form).post(login::login))
         .merge(signed_in)
         .layer(middleware::from_fn(same_origin))
         .layer(middleware::map_response(security_headers))
@@ -233,7 +269,7 @@ async fn same_origin(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -244,7 +280,7 @@ fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn set_cookie(app: &App, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
+pub(crate) fn set_cookie(app: &App, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
     let mut c = format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict");
     if let Some(age) = max_age {
         c.push_str(&format!("; Max-Age={age}"));
@@ -265,21 +301,17 @@ pub(crate) fn refuse(status: StatusCode, why: &str) -> Response {
     (status, body).into_response()
 }
 
-/// The remote address to record: the TCP peer, or, behind the trusted
-/// proxy, what it says the client was, followed by the peer.
-fn remote_of(app: &App, peer: SocketAddr, headers: &HeaderMap, proxied: bool) -> String {
-    let forwarded = headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.rsplit(',').next())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 100);
-    match forwarded {
-        Some(f) if proxied && app.proxy.is_some() => {
-            format!("{} via {}", crate::text::truncate(f), peer.ip())
-        }
-        _ => peer.ip().to_string(),
-    }
+/// The client a request comes from: see `client_addr.rs`. The peer is a
+/// trusted proxy when its address is in `--trusted-proxy`, or when it
+/// sends the proxy secret.
+pub(crate) fn client_of(app: &App, peer: SocketAddr, headers: &HeaderMap) -> ClientAddr {
+    let with_secret = app.proxy.as_ref().is_some_and(|p| {
+        headers
+            .get(PROXY_SECRET_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|s| auth::same_secret(s, &p.secret))
+    });
+    ClientAddr::of(peer, headers, &app.trusted_proxies, with_secret)
 }
 
 /// Resolves the session (or the proxy's user) and passes it on; without
@@ -347,10 +379,9 @@ async fn authenticate(
         }
         return refuse(StatusCode::UNAUTHORIZED, "refused: sign in first");
     };
-    let proxied = session.proxied;
     req.extensions_mut().insert(Authed {
         session,
-        remote: remote_of(&app, peer, &headers, proxied),
+        remote: client_of(&app, peer, &headers).to_string(),
     });
     let mut res = next.run(req).await;
     if let Some(id) = new_cookie {
@@ -359,165 +390,6 @@ async fn authenticate(
             set_cookie(&app, SESSION_COOKIE, &id, None),
         );
     }
-    res
-}
-
-#[derive(serde::Deserialize)]
-struct LoginQuery {
-    next: Option<String>,
-    error: Option<String>,
-}
-
-/// Only a path of this console, never another site, and only visible
-/// ASCII (it goes into a `Location` header).
-fn safe_next(next: Option<&str>) -> String {
-    match next {
-        Some(n)
-            if n.starts_with('/')
-                && !n.starts_with("//")
-                && !n.contains('\\')
-                && n.len() <= 2000
-                && n.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
-            n.to_owned()
-        }
-        _ => "/".into(),
-    }
-}
-
-async fn login_form(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Query(q): Query<LoginQuery>,
-) -> Response {
-    // Another tab's sign-in form keeps working: the token is reused while
-    // its cookie lasts.
-    let token = cookie_value(&headers, LOGIN_COOKIE)
-        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-        .map(str::to_owned)
-        .unwrap_or_else(auth::random_token);
-    let next = safe_next(q.next.as_deref());
-    let body = html::bare(
-        "Sign in",
-        html! {
-            div.login {
-                h1 { "batchonce console" }
-                @if let Some(e) = &q.error { (html::message("error", e)) }
-                form method="post" action="/login" {
-                    input type="hidden" name="csrf" value=(token);
-                    input type="hidden" name="next" value=(next);
-                    label { "User" input type="text" name="user" autocomplete="username" required; }
-                    label { "Password" input type="password" name="password" autocomplete="current-password" required; }
-                    button type="submit" { "Sign in" }
-                }
-            }
-        },
-    );
-    let mut res = body.into_response();
-    res.headers_mut().append(
-        header::SET_COOKIE,
-        set_cookie(&app, LOGIN_COOKIE, &token, Some(600)),
-    );
-    res
-}
-
-#[derive(serde::Deserialize)]
-struct LoginForm {
-    csrf: String,
-    user: String,
-    password: String,
-    next: Option<String>,
-}
-
-async fn login(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    Form(f): Form<LoginForm>,
-) -> Response {
-    let again = |why: &str| {
-        Redirect::to(&format!(
-            "/login?error={}&next={}",
-            html::encode(why),
-            html::encode(&safe_next(f.next.as_deref()))
-        ))
-        .into_response()
-    };
-    match cookie_value(&headers, LOGIN_COOKIE) {
-        Some(c) if auth::same_secret(c, &f.csrf) => {}
-        _ => {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "refused: the sign-in form expired or came from elsewhere; open /login again",
-            )
-        }
-    }
-    let addr = peer.ip().to_string();
-    let name = crate::text::truncate(&f.user);
-    if let Some(wait) = app.limiter.blocked(&addr, &name) {
-        let mut res = refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!(
-                "too many failed sign-ins from this address or for this user; try again in {} s",
-                wait.as_secs().max(1)
-            ),
-        );
-        res.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(wait.as_secs().max(1)),
-        );
-        return res;
-    }
-    // argon2 is deliberately slow: off the async threads.
-    let users_app = app.clone();
-    let (user, password) = (f.user.clone(), f.password.clone());
-    let verified =
-        tokio::task::spawn_blocking(move || users_app.users.verify(&user, &password)).await;
-    let Ok(Some(user)) = verified else {
-        app.limiter.failed(&addr, &name);
-        tracing::warn!(user = %name, remote = %addr, "console sign-in failed");
-        return again("wrong user or password");
-    };
-    tracing::info!(user = %user.name, remote = %addr, "console sign-in");
-    let id = app.sessions.open(user, false);
-    let mut res = Redirect::to(&safe_next(f.next.as_deref())).into_response();
-    let h = res.headers_mut();
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&app, SESSION_COOKIE, &id, None),
-    );
-    h.append(
-        header::SET_COOKIE,
-        set_cookie(&app, LOGIN_COOKIE, "", Some(0)),
-    );
-    res
-}
-
-#[derive(serde::Deserialize)]
-struct CsrfOnly {
-    csrf: String,
-}
-
-async fn logout(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    axum::Extension(a): axum::Extension<Authed>,
-    Form(f): Form<CsrfOnly>,
-) -> Response {
-    if !auth::same_secret(&f.csrf, &a.session.csrf) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "refused: missing or wrong CSRF token",
-        );
-    }
-    if let Some(id) = cookie_value(&headers, SESSION_COOKIE) {
-        app.sessions.close(id);
-    }
-    let mut res = Redirect::to("/login").into_response();
-    res.headers_mut().append(
-        header::SET_COOKIE,
-        set_cookie(&app, SESSION_COOKIE, "", Some(0)),
-    );
     res
 }
 

@@ -420,7 +420,9 @@ async fn serve_console(
     let hash = tokio::task::spawn_blocking(move || hash_password(&password).map(|h| (h, password)))
         .await
         .context("hashing panicked")??;
-    let users = Users::from_hashes(&[("demo", Role::Operator, hash.0)]);
+    // Printed on a terminal, the password signs in one browser once; a
+    // second use (a scrollback, a shared screen) finds it spent.
+    let users = Users::one_time(&[("demo", Role::Operator, hash.0)]);
     let stop = tokio_util::sync::CancellationToken::new();
     let on_signal = stop.clone();
     tokio::spawn(async move {
@@ -429,16 +431,20 @@ async fn serve_console(
     });
     println!();
     println!(
-        "console: http://{addr}/  (sign in as demo, one-time password {})",
+        "console: http://{addr}/  (sign in as demo, password {}, valid for one sign-in)",
         hash.1
     );
+    if !addr.ip().is_loopback() {
+        // Beyond loopback its cookies are `Secure`: a browser keeps them
+        // only over HTTPS.
+        println!(
+            "         beyond loopback: reach it through an HTTPS proxy (its cookies are Secure)"
+        );
+    }
     println!("         Ctrl-C stops it");
-    let opts = crate::console::ConsoleOptions {
-        listen: addr,
-        users,
-        proxy: None,
-        secure_cookies: false,
-    };
+    // Secure cookies follow the address: off on loopback (the demo's
+    // default), where the browser reaches it without TLS.
+    let opts = crate::console::ConsoleOptions::new(addr, users);
     crate::console::serve(pool.clone(), opts, stop).await?;
     Ok(())
 }

@@ -34,23 +34,22 @@ impl Drop for Console {
 }
 
 pub async fn start(proxy: Option<ProxyAuth>) -> Console {
-    let db = TestDb::new(&[]).await;
     let hash = hash_password(PASSWORD).unwrap();
     let users = Users::from_hashes(&[
         ("alice", Role::Operator, hash.clone()),
         ("bob", Role::Operator, hash.clone()),
         ("vera", Role::Viewer, hash),
     ]);
-    let app = router(
-        db.pool.clone(),
-        ConsoleOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            users,
-            proxy,
-            secure_cookies: false,
-        },
-    )
-    .unwrap();
+    let mut opts = ConsoleOptions::new("127.0.0.1:0".parse().unwrap(), users);
+    opts.proxy = proxy;
+    start_with(opts).await
+}
+
+/// The console with `opts` (its `listen` decides only the cookies'
+/// defaults: the server listens on a free loopback port).
+pub async fn start_with(opts: ConsoleOptions) -> Console {
+    let db = TestDb::new(&[]).await;
+    let app = router(db.pool.clone(), opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();

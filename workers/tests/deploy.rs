@@ -770,6 +770,14 @@ fn check_workload<'a>(all: &[Manifest], m: &Manifest, c: &Yaml, argv: &'a [Strin
                 m.file
             );
             check_users_secret(m, c, argv);
+            // Browsers reach it through an HTTPS ingress: its cookies are
+            // marked Secure, said in so many words.
+            assert!(
+                argv.iter().any(|w| w == "--secure-cookies")
+                    && !argv.iter().any(|w| w == "--no-secure-cookies"),
+                "{}: the console's cookies are not marked Secure (--secure-cookies)",
+                m.file
+            );
             // It reads everything from the database: a configuration file
             // would only be one more thing to keep in step.
             assert_eq!(flag_value(argv, "--config"), None, "{}", m.file);
@@ -870,6 +878,13 @@ fn the_workload_checks_catch_a_broken_manifest() {
             "configMap:\n            name: batchonce-config",
         ),
         ("console-deployment.yaml", "defaultMode: 288", "defaultMode: 292"),
+        // Its cookies sent over plain HTTP too.
+        (
+            "console-deployment.yaml",
+            "- --secure-cookies",
+            "- --no-secure-cookies",
+        ),
+        ("console-deployment.yaml", "            - --secure-cookies\n", ""),
         ("console-deployment.yaml", "        fsGroup: 10001\n", ""),
         (
             "console-deployment.yaml",
