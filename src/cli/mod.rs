@@ -146,8 +146,7 @@ enum Command {
         console: Option<std::net::SocketAddr>,
     },
     /// Applies the migrations of the engine and of every declared job kind, and records the
-    /// file's jobs as the declared ones, which alone a producer login may enqueue (without a
-    /// file, the declared jobs are left as they are).
+    /// file's jobs, the only ones a producer login may enqueue (no file: the record is kept).
     Migrate,
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
     /// `duplicate KEY` or `skipped KEY (reason)` per run. A scoped job
