@@ -65,14 +65,47 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             db::migrate(&pool, &kinds).await?;
             let n = db::combined(&kinds).iter().count();
             let (frozen, left) = freeze_legacy_contexts(&pool, &config).await?;
+            // The file's jobs become the declared set, which a producer's
+            // enqueue must match. Without a file, nothing is declared or
+            // undeclared: a migrate run only for the schema stops no job.
+            let declared = if super::config_file_given(&cli) {
+                Some(
+                    queue::declare(&pool, &config.jobs)
+                        .await
+                        .context("recording the declared jobs failed")?,
+                )
+            } else {
+                None
+            };
             if cli.json {
                 println!(
                     "{}",
                     json!({"migrated": true, "migrations": n,
-                           "contexts_frozen": frozen, "contexts_left": left})
+                           "contexts_frozen": frozen, "contexts_left": left,
+                           "jobs_declared": declared.as_ref().map(|d| &d.jobs),
+                           "jobs_undeclared": declared.as_ref().map(|d| &d.removed)})
                 );
             } else {
                 println!("migrations applied ({n} known)");
+                match &declared {
+                    Some(d) => {
+                        println!(
+                            "jobs declared from {}: {}",
+                            config.origin,
+                            if d.jobs.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                d.jobs.join(", ")
+                            }
+                        );
+                        if !d.removed.is_empty() {
+                            println!("no longer declared: {}", d.removed.join(", "));
+                        }
+                    }
+                    None => println!(
+                        "declared jobs unchanged (no configuration file: give --config to declare the file's jobs)"
+                    ),
+                }
                 if frozen > 0 || left > 0 {
                     println!(
                         "runs enqueued by the previous release: froze the context of {frozen} \

@@ -145,7 +145,8 @@ enum Command {
         #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:8470")]
         console: Option<std::net::SocketAddr>,
     },
-    /// Applies the migrations of the engine and of every declared job kind.
+    /// Applies the migrations of the engine and of every declared job kind, and records the
+    /// file's jobs, the only ones a producer login may enqueue (no file: the record is kept).
     Migrate,
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
     /// `duplicate KEY` or `skipped KEY (reason)` per run. A scoped job
@@ -177,7 +178,9 @@ enum Command {
         /// Time between ticks.
         #[arg(long, default_value = "15s", value_parser = duration_arg)]
         interval: Duration,
-        /// Simulate this moment (RFC 3339) instead of the database clock.
+        /// Simulate this moment (RFC 3339) instead of the database clock: it decides which
+        /// periods are due. The runs are stamped with it only under the schema owner's login (tests);
+        /// under any other login they are stamped with the database clock.
         #[arg(long, value_parser = instant_arg)]
         now: Option<chrono::DateTime<chrono::Utc>>,
         /// Serve /metrics, /healthz and /readyz here (not with --once).
@@ -620,6 +623,12 @@ fn init_logging(cli: &Cli) {
     } else {
         builder.init();
     }
+}
+
+/// Whether a configuration file is read (`--config`, or `batchonce.toml`
+/// here), the rule of [`load_config`]: `migrate` declares jobs only then.
+fn config_file_given(cli: &Cli) -> bool {
+    cli.config.is_some() || Path::new("batchonce.toml").is_file()
 }
 
 fn load_config(cli: &Cli, registry: &Registry) -> anyhow::Result<Config> {

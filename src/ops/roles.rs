@@ -66,6 +66,7 @@ const ENGINE_TABLES: &[&str] = &[
     "batch_worker",
     "batch_process_config",
     "batch_operator_action",
+    "batch_job_declared",
     "_sqlx_migrations",
 ];
 

@@ -309,6 +309,23 @@ fn scoped_statement(queries: &[&str]) -> String {
     sql
 }
 
+/// Whether this login may stamp runs with an instant of its choosing: only
+/// a member of the role that owns the engine's functions may
+/// (`batchonce_now`, migration 20261208000001); any other login that names
+/// one is refused with SQLSTATE 42501. A schema older than that function
+/// lets every login.
+pub async fn may_choose_clock(pool: &PgPool) -> Result<bool, QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let mine = crate::db::query_scalar(
+        "SELECT COALESCE((SELECT pg_has_role(session_user, p.proowner, 'MEMBER') FROM pg_proc p \
+         WHERE p.oid = to_regprocedure('batchonce_now(timestamptz)')), true)",
+    )
+    .fetch_one(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    Ok(mine)
+}
+
 /// How many distinct ids a scope query returns now (the producer's check of
 /// which job's query fails, `enqueue --all-scopes`'s preview).
 pub async fn count_scopes(pool: &PgPool, query: &str) -> Result<i64, QueueError> {

@@ -1,5 +1,5 @@
 //! The queue layer: every statement on `batch_job_run` and `batch_job_attempt`,
-//! and the writes to `batch_operator_action`. Nothing outside this folder
+//! and the writes to `batch_operator_action` and `batch_job_declared`. Nothing outside this folder
 //! writes those tables; the runtime, the operator tools and the command line
 //! call these functions.
 //!
@@ -22,6 +22,8 @@
 //! - `actions.rs`: the audited operator actions `fail`, `rerun` and `skip`.
 //! - `blockers.rs`: sessions that hold locks others wait for, and the way
 //!   through them (lock timeout, audited termination).
+//! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
+//!   non-owner's enqueue must match them; the migration checks).
 //! - `context.rs`: the run-context columns (binding them at enqueue, reading
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
@@ -44,6 +46,7 @@
 mod actions;
 pub mod blockers;
 pub mod context;
+mod declared;
 mod enqueue;
 mod finish;
 mod lease;
@@ -57,8 +60,10 @@ pub use actions::{
     apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused,
 };
 pub(crate) use actions::{apply_action_in, preview_action_in};
+pub use declared::{declare, declared_jobs, declared_settings, not_as_declared, Declared};
 pub use enqueue::{
-    count_scopes, delete_preflight_run, enqueue, EnqueueReport, NewRun, PREFLIGHT_JOB,
+    count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,
+    PREFLIGHT_JOB,
 };
 pub use finish::{
     backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, record_output,

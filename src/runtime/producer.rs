@@ -24,8 +24,9 @@
 //!   average over its one-week sample, whatever the `covers`, so only an uneven schedule, or a
 //!   kind's unchecked built-in defaults, reaches the cap.
 //! - `tick(pool, config, clock)` takes one "now" for all jobs: `SELECT now()` on the database, or
-//!   the `Clock::At` moment of `produce --now`. It plans every job, enqueues all their runs in one
-//!   `queue::enqueue` statement, and reports per job (`JobTick`) the keys enqueued, the keys
+//!   the `Clock::At` moment of `produce --now` (which stamps the runs only if the login may choose
+//!   the engine's clock, `queue::may_choose_clock`). It plans every job, enqueues all their runs in
+//!   one `queue::enqueue` statement, and reports per job (`JobTick`) the keys enqueued, the keys
 //!   inserted as SKIPPED, the number of duplicates, the window's start and whether it was
 //!   truncated.
 //! - `run` is the loop of `produce`. It ticks every `--interval`, truncated or not; `log_tick`
@@ -258,7 +259,8 @@ pub struct JobTick {
     /// Ids the job's scope query returned that are not valid scopes (never
     /// enqueued), as error messages quote them.
     pub invalid_scopes: Vec<String>,
-    /// Why nothing of the job was enqueued this tick (its scope query failed).
+    /// Why nothing of the job was enqueued this tick (its scope query
+    /// failed, or `migrate` did not declare it as this file does).
     pub error: Option<String>,
 }
 
@@ -287,6 +289,26 @@ pub async fn tick(
         }
     }
     let all: Vec<NewRun> = plans.iter().flat_map(|p| p.runs.iter().cloned()).collect();
+    // A login that does not own the schema (a producer's) enqueues on the
+    // database's clock, whatever `produce --now` simulates (it still
+    // chooses which periods are due), and only the jobs `migrate` declared
+    // as this file declares them: a job the database would refuse costs
+    // its own tick, not the other jobs'.
+    let owner = all.is_empty() || queue::may_choose_clock(pool).await?;
+    let clock = if owner { clock } else { Clock::Db };
+    let undeclared = if owner {
+        Vec::new()
+    } else {
+        let jobs: Vec<(&JobName, &JobConfig)> = plans
+            .iter()
+            .filter_map(|p| config.jobs.get_key_value(&p.job))
+            .collect();
+        queue::not_as_declared(pool, &jobs).await?
+    };
+    let all: Vec<NewRun> = all
+        .into_iter()
+        .filter(|r| !undeclared.iter().any(|(j, _)| *j == r.job))
+        .collect();
     let (report, broken) = match queue::enqueue(pool, &all, clock).await {
         Ok(r) => (r, Vec::new()),
         // A failing scope query would fail every job's tick: find the
@@ -315,7 +337,7 @@ pub async fn tick(
                 due_period_start: p.runs.iter().map(|r| r.context.period_start).max(),
                 ..JobTick::default()
             };
-            if let Some((_, e)) = broken.iter().find(|(j, _)| *j == p.job) {
+            if let Some((_, e)) = broken.iter().chain(&undeclared).find(|(j, _)| *j == p.job) {
                 t.error = Some(e.clone());
                 return t;
             }
@@ -401,7 +423,7 @@ pub fn log_tick(report: &[JobTick]) {
             "producer tick"
         );
         if let Some(e) = &t.error {
-            warn!(job = %t.job, error = %e, "this job's scope query failed; nothing of it was enqueued this tick, the other jobs were");
+            warn!(job = %t.job, error = %e, "nothing of this job was enqueued this tick, the other jobs were");
         }
         if !t.invalid_scopes.is_empty() {
             warn!(job = %t.job, count = t.invalid_scopes.len(),
