@@ -16,11 +16,11 @@ use chrono::NaiveDate;
 use sqlx::PgPool;
 
 #[allow(dead_code)]
+pub mod logins;
+#[allow(dead_code)]
 pub mod oracle;
 #[allow(dead_code)]
 pub mod prometheus;
-#[allow(dead_code)]
-pub mod logins;
 #[allow(unused_imports)]
 pub use oracle::items_outside_their_lease;
 
