@@ -65,6 +65,10 @@ const AUDIT_FUNCTIONS: &[&str] = &[
 /// this name exists, the operator and console keep `pg_signal_backend`.
 const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
 
+/// Operator functions a later migration adds (with the terminate function),
+/// granted to the operator and console once they exist.
+const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_terminate_sessions"];
+
 /// What the terminate function reads: the run, its attempts, the open fences.
 const TERMINATOR_READS: &[&str] = &["batch_job_run", "batch_job_attempt", "batch_fence_held"];
 
@@ -295,8 +299,9 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
          GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
          -- Only {term} may end another session, through the audited\n\
-         -- batchonce_operator_terminate it owns.\n\
-         GRANT pg_signal_backend TO {term};\n\
+         -- batchonce_operator_terminate it owns (which checks the sessions it ends\n\
+         -- in pg_stat_activity).\n\
+         GRANT pg_signal_backend, pg_read_all_stats TO {term};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
          DO $grants$\nDECLARE\n  f regprocedure;\n  terminate_exists boolean := false;\n\
          \x20 superuser boolean := (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);\n\
@@ -393,7 +398,18 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
          \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
          \x20   END LOOP;\n\
-         \x20   IF terminate_exists THEN\n"
+         \x20   -- The same migration's audit row that names the sessions to end.\n\
+         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional}])\n\
+         \x20   LOOP\n\
+         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
+         \x20   END LOOP;\n\
+         \x20   IF terminate_exists THEN\n",
+        optional = OPTIONAL_OPERATOR_FUNCTIONS
+            .iter()
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     for t in TERMINATOR_READS {
         out.push_str(&format!(
@@ -535,6 +551,19 @@ mod tests {
              \"public\".\"batchonce_operator_hold_row\" TO \"bo_console\""
         ));
         assert!(s.contains("GRANT pg_signal_backend TO \"bo_operator\", \"bo_console\""));
+    }
+
+    #[test]
+    fn only_the_migrator_creates_and_guard_owns_the_trail() {
+        let s = sql("bo", "public", &opts(&[])).unwrap();
+        assert!(s.contains("REVOKE CREATE ON SCHEMA \"public\" FROM PUBLIC;"));
+        assert!(s.contains("GRANT CREATE ON SCHEMA \"public\" TO \"bo_migrator\";"));
+        assert!(s.contains(
+            "EXECUTE 'ALTER TABLE \"public\".\"batch_operator_action\" OWNER TO \"bo_guard\"';"
+        ));
+        assert!(s.contains("GRANT pg_signal_backend, pg_read_all_stats TO \"bo_terminator\";"));
+        assert!(s.contains("CREATE ROLE \"bo_guard\" NOLOGIN"));
+        assert!(s.contains("ALTER ROLE \"bo_terminator\" NOLOGIN;"));
     }
 
     #[test]
