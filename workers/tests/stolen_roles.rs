@@ -19,6 +19,15 @@ use common::logins::Logins;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
+/// A function of the schema: name, signature, settings, body, whether it is
+/// SQL, whether it runs as its owner, and the owner.
+type FunctionRow = (String, String, Vec<String>, String, bool, bool, String);
+
+/// A table and a role's rights on it: select, insert, update, delete, a
+/// truncate it does not own, and the columns it may not read when it reads
+/// only some.
+type TableRights = (String, bool, bool, bool, bool, bool, Option<Vec<String>>);
+
 fn run(url: &str, args: &[&str]) -> Output {
     Command::new(BIN)
         .env("DATABASE_URL", url)
@@ -456,7 +465,7 @@ async fn every_function_is_pinned_but_the_two_inlined_ones() {
     let db = TestDb::empty().await;
     let admin = &db.pool;
     let logins = Logins::apply(BIN, &db, common::samples_config()).await;
-    let rows: Vec<(String, String, Vec<String>, String, bool, bool, String)> = sqlx::query_as(
+    let rows: Vec<FunctionRow> = sqlx::query_as(
         "SELECT p.proname::text, p.oid::regprocedure::text, coalesce(p.proconfig, '{}'),
                 p.prosrc, p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'), p.prosecdef, p.proowner::regrole::text
          FROM pg_proc p
@@ -631,7 +640,7 @@ fn cell_set(cell: &str, u: &Universe, problems: &mut Vec<String>) -> BTreeSet<St
 /// The catalog's answer for one role (`public` for PUBLIC), column by
 /// column as the docs' table has them.
 async fn catalog_sets(pool: &PgPool, role: &str) -> Vec<BTreeSet<String>> {
-    let tables: Vec<(String, bool, bool, bool, bool, bool, Option<Vec<String>>)> = sqlx::query_as(
+    let tables: Vec<TableRights> = sqlx::query_as(
         "SELECT c.relname::text,
                 has_table_privilege($1, c.oid, 'SELECT'),
                 has_table_privilege($1, c.oid, 'INSERT'),
