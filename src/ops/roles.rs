@@ -307,9 +307,12 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20 superuser boolean := (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);\n\
          BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n\
          \x20   -- An administrator that is no superuser acts as guard and terminator for the\n\
-         \x20   -- ownership changes; the membership ends with this script (below).\n\
+         \x20   -- ownership changes, which PostgreSQL allows only to a new owner that may\n\
+         \x20   -- create in the schema; the membership and that privilege end with this\n\
+         \x20   -- transaction's script (below), so no other session ever sees them.\n\
          \x20   IF NOT superuser THEN\n\
          \x20     EXECUTE 'GRANT {guard}, {term} TO ' || quote_ident(current_user);\n\
+         \x20     EXECUTE 'GRANT CREATE ON SCHEMA {s} TO {guard}, {term}';\n\
          \x20   END IF;\n"
     ));
     let emit = |out: &mut String, stmt: &str| {
@@ -434,6 +437,9 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20 END IF;\n\
          \x20 IF NOT terminate_exists THEN\n\
          \x20   EXECUTE 'GRANT pg_signal_backend TO {o}, {c}';\n\
+         \x20 END IF;\n\
+         \x20 IF NOT superuser THEN\n\
+         \x20   EXECUTE 'REVOKE CREATE ON SCHEMA {s} FROM {guard}, {term}';\n\
          \x20 END IF;\n\
          END $grants$;\n",
         audit = table(AUDIT_TABLE),

@@ -298,6 +298,60 @@ async fn the_migrator_cannot_rewrite_or_silence_the_audit_trail() {
     assert!(definers.is_empty(), "{definers:?}");
 }
 
+/// An administrator that is no superuser (`CREATEROLE`, a member of the
+/// migrator, the database's owner) applies the roles as well: the audit
+/// table becomes guard's, and afterwards the administrator holds neither
+/// guard nor terminator, and neither may create in the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrator_that_is_no_superuser_applies_the_roles() {
+    let db = TestDb::empty().await;
+    let su = &db.pool;
+    let logins = Logins::apply(BIN, &db, common::samples_config()).await;
+    let (m, guard, term) = (
+        logins.role("migrator"),
+        logins.role("guard"),
+        logins.role("terminator"),
+    );
+    let admin = format!("{}_admin", logins.prefix);
+    let password = format!("pw{:016x}", rand::random::<u64>());
+    exec(
+        su,
+        &format!(
+            "CREATE ROLE {admin} LOGIN CREATEROLE PASSWORD '{password}';
+             GRANT {m} TO {admin};
+             ALTER DATABASE {} OWNER TO {admin};
+             ALTER TABLE batch_operator_action OWNER TO {m};
+             ALTER FUNCTION batch_operator_action_append_only() OWNER TO {m};
+             ALTER FUNCTION batch_operator_action_stamp() OWNER TO {m};",
+            db.name
+        ),
+    )
+    .await;
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_username(&admin).unwrap();
+    url.set_password(Some(&password)).unwrap();
+    ok(&run(
+        url.as_str(),
+        &["roles", "--prefix", &logins.prefix, "--apply"],
+    ));
+    let (owner, members, creates): (String, i64, bool) = sqlx::query_as(
+        "SELECT (SELECT relowner::regrole::text FROM pg_class
+                 WHERE oid = 'batch_operator_action'::regclass),
+                (SELECT count(*) FROM pg_auth_members WHERE roleid IN ($1::regrole, $2::regrole)),
+                has_schema_privilege($1, 'public', 'CREATE')
+                    OR has_schema_privilege($2, 'public', 'CREATE')",
+    )
+    .bind(&guard)
+    .bind(&term)
+    .fetch_one(su)
+    .await
+    .unwrap();
+    assert_eq!(
+        (owner.as_str(), members, creates),
+        (guard.as_str(), 0, false)
+    );
+}
+
 /// Item 5, the end of a session: the operator and console roles lose
 /// `pg_signal_backend` once `batchonce_operator_terminate` exists, which
 /// `<prefix>_terminator` (held by no login) owns and they may call; on a
