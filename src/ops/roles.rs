@@ -474,7 +474,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
 pub enum RolesError {
     #[error("{0}")]
     Invalid(String),
-    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables and grant pg_read_all_stats and pg_signal_backend; or apply the printed SQL yourself): {0}")]
+    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables, grant pg_read_all_stats and pg_signal_backend, and revoke CREATE on the schema; or apply the printed SQL yourself): {0}")]
     Database(#[from] sqlx::Error),
 }
 
