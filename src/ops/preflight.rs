@@ -19,6 +19,11 @@
 //! had already sent can finish in the database, before it removes the scratch run and returns the
 //! error `the racers did not finish within 60s (scratch run removed: N)`. A racer that cannot be
 //! awaited counts as failed (`FAIL a racer could not be awaited: …`).
+//!
+//! It also warns, one `warn` line each and without failing, when `PUBLIC` or a role other than
+//! the migrator (the owner of `batch_job_run`, or a member of it) or a superuser may `CREATE` in the
+//! schema (`create_warnings`): a function or operator planted there can run as the migrator inside
+//! the engine's functions. `batchonce roles --apply` takes that privilege away.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -52,6 +57,10 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
             "FAIL  {} migrations pending: run `batchonce migrate`",
             pending.len()
         );
+    }
+
+    for line in create_warnings(&pool).await? {
+        println!("{line}");
     }
 
     let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
@@ -170,6 +179,54 @@ pub async fn run(url: &str, registry: &Registry, processes: u32) -> anyhow::Resu
         }
     );
     Ok(ok)
+}
+
+/// One line for `PUBLIC` and for each role that may `CREATE` in the
+/// session's schema though it is neither the migrator (the owner of
+/// `batch_job_run`, or the session's login before `migrate`), a member of
+/// it, nor a superuser. The schema's owner counts too (for
+/// `pg_database_owner`, the database's owner).
+async fn create_warnings(pool: &sqlx::PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let (schema, holders): (String, Vec<String>) = sqlx::query_as(
+        "WITH s AS (
+             SELECT n.nspname, n.nspowner, coalesce(n.nspacl, acldefault('n', n.nspowner)) AS acl
+             FROM pg_namespace n WHERE n.oid = current_schema()::regnamespace),
+         migrator AS (
+             SELECT coalesce((SELECT c.relowner FROM pg_class c
+                              WHERE c.oid = to_regclass('batch_job_run')),
+                             (SELECT r.oid FROM pg_roles r WHERE r.rolname = current_user)) AS oid),
+         holders AS (
+             SELECT CASE WHEN a.grantee = 'pg_database_owner'::regrole
+                         THEN (SELECT d.datdba FROM pg_database d
+                               WHERE d.datname = current_database())
+                         ELSE a.grantee END AS grantee
+             FROM s, aclexplode(s.acl) a
+             WHERE a.privilege_type = 'CREATE')
+         SELECT (SELECT nspname FROM s),
+                coalesce(array_agg(DISTINCT CASE WHEN h.grantee = 0 THEN 'PUBLIC'
+                                                 ELSE h.grantee::regrole::text END)
+                         FILTER (WHERE h.grantee IS NOT NULL), '{}')
+         FROM holders h, migrator m
+         WHERE CASE WHEN h.grantee = 0 THEN true
+                    ELSE NOT (pg_has_role(h.grantee, m.oid, 'MEMBER')
+                              OR coalesce((SELECT r.rolsuper FROM pg_roles r
+                                           WHERE r.oid = h.grantee), false)) END",
+    )
+    .fetch_one(pool)
+    .await?;
+    let schema = crate::text::escape_for_terminal(&schema).into_owned();
+    let mut holders = holders;
+    // PUBLIC first: it is every role's privilege at once.
+    holders.sort_by_key(|h| h != "PUBLIC");
+    Ok(holders
+        .iter()
+        .map(|h| {
+            let who = crate::text::escape_for_terminal(h);
+            format!(
+                "warn  {who} may CREATE in schema {schema}: a function or operator planted there can run as the migrator inside the engine's functions; run `batchonce roles --apply` as the administrator (or REVOKE CREATE ON SCHEMA {schema} FROM {who})"
+            )
+        })
+        .collect())
 }
 
 /// One racer: connects first, waits for the common start instant, then

@@ -1,55 +1,33 @@
-//! `batchonce roles`: least-privilege database roles for each part of the
-//! system, as SQL to review or to apply. Seven group roles (NOLOGIN); an
-//! administrator grants them to login roles:
-//!
-//! - `<prefix>_migrator`: DDL on the schema; runs `migrate` and `preflight`,
-//!   and owns what it creates, so the default privileges below follow.
-//! - `<prefix>_producer`: enqueues runs through `batchonce_enqueue`, which
-//!   inserts only PENDING (or calendar-SKIPPED) runs; writes its registry
-//!   row and configuration.
-//! - `<prefix>_worker`: claims, heartbeats, fences and finishes runs through
-//!   the worker functions, each of which (but claim and recovery) takes the
-//!   run's current lease token; writes its registry row and configuration,
-//!   and the job kinds' tables (select, insert, update, never delete). It
-//!   has no privilege on the run, attempt or audit tables themselves.
-//! - `<prefix>_operator`: the audited `runs fail|rerun|skip` through the
-//!   operator functions, which write the audit row with the state change;
-//!   reads everything, and may terminate another role's session
-//!   (`pg_signal_backend`, for `--terminate-blocker`).
-//! - `<prefix>_readonly`: reads everything (`status`, `runs list`, the
-//!   exporter, dashboards).
-//! - `<prefix>_program`: a command job's program: the fence and progress
-//!   functions, nothing else; grant it the program's own tables.
-//! - `<prefix>_console`: `batchonce console`: what the operator role may
-//!   do, under a login of its own (its audit rows' `session_user_name`).
-//!
-//! Nobody but the table owner may update, delete or truncate the audit
-//! table; its trigger refuses even the owner, and another stamps every row
-//! with the database's time and session.
-//!
-//! `batchonce roles`: least-privilege database roles, as SQL to review or to apply; what each role
-//! may do is docs/security.md (docs/security.md#database-roles). `sql(prefix, schema, RolesOptions
+//! `batchonce roles`: least-privilege database roles, as SQL to review or to apply; what each
+//! role may do is the table of docs/security.md (docs/security.md#database-roles), which
+//! `workers/tests/stolen_roles.rs` compares with the catalog. `sql(prefix, schema, RolesOptions
 //! { output_tables, keep_direct_writes })` builds it; `check_prefix` accepts 1–40 characters of
 //! `a-z`, `0-9` and `_` starting with a letter, the schema must be ASCII letters, digits and `_`,
 //! and every identifier is quoted all the same (`ident`).
 //!
-//! - It creates seven `NOLOGIN` group roles, `<prefix>_migrator`, `_producer`, `_worker`,
-//!   `_operator`, `_readonly`, `_program` and `_console`, each only if missing; grants `USAGE` on
-//!   the schema to all, `CREATE` to the migrator, `pg_read_all_stats` to the operator, read-only
-//!   and console roles, `pg_signal_backend` to the operator and console roles.
+//! - Seven `NOLOGIN` group roles an administrator grants to logins, `<prefix>_migrator`,
+//!   `_producer`, `_worker`, `_operator`, `_readonly`, `_program` and `_console`, and two that no
+//!   login may hold (every membership in them is revoked on each apply): `_guard`, which owns the
+//!   audit table and its trigger functions, so that the migrator can neither alter, disable,
+//!   truncate nor drop them, and `_terminator`, which owns the audited end of a session
+//!   (`batchonce_operator_terminate`) and alone holds `pg_signal_backend`. Guard owns no code
+//!   that runs as it: a function of its own that read the migrator's tables could be made to run
+//!   the migrator's code as the audit table's owner.
+//! - Only the migrator (and the schema's owner) may `CREATE` in the schema: `PUBLIC` and every
+//!   other role lose it, so no login can plant a function or operator that a better match makes
+//!   an engine function call (`PostgreSQL` 14 and older let `PUBLIC` create in `public`).
 //! - Once the schema holds `batchonce_claim3` (this release's migrations ran), it grants on what
-//!   exists: every role but the program reads the tables, except that the worker reads no engine
-//!   table but `_sqlx_migrations` (so it never learns a run's token); nobody deletes or truncates;
-//!   nobody writes runs, attempts or the audit table; the worker inserts and updates only the
-//!   registered kinds' output tables (`Registry::output_tables`), never their sources; the worker
-//!   and producer write their own `batch_worker` and `batch_process_config` rows; each role
-//!   executes its own state-change functions (`WORKER_FUNCTIONS`, `PRODUCER_FUNCTIONS`,
-//!   `OPERATOR_FUNCTIONS`, `PROGRAM_FUNCTIONS`, `CONSOLE_FUNCTIONS`) and no function of the schema is executable by
-//!   `PUBLIC`.
+//!   exists: every role but the program reads the tables but `batch_fence_held`, except that the
+//!   worker reads no engine table but `_sqlx_migrations` and its registry rows (so it never learns
+//!   a run's token); nobody deletes or truncates; nobody writes runs, attempts or the audit table;
+//!   the worker inserts and updates only the registered kinds' output tables; the worker and
+//!   producer write their own `batch_worker` and `batch_process_config` rows; each role executes
+//!   its own functions (`WORKER_FUNCTIONS` …) and no function of the schema is executable by
+//!   `PUBLIC` but `batchonce_partition`. The operator and console get `pg_signal_backend` only
+//!   while `batchonce_operator_terminate` does not exist (a schema of an earlier release).
 //! - `keep_direct_writes` (`--keep-direct-writes`) adds back the direct writes the previous
 //!   release's processes make, for the expand step of a rolling upgrade.
-//! - Default privileges keyed on the migrator let the roles read tables it creates later; writing a
-//!   new output table, or calling a new function, waits for the next `roles --apply`.
+//! - Default privileges keyed on the migrator let the roles read tables it creates later.
 //!
 //! `apply(pool, prefix, opts)` runs the SQL in one transaction in the session's `current_schema()`;
 //! every statement can be repeated.
@@ -57,8 +35,9 @@
 use sqlx::PgPool;
 
 /// The engine's tables, which get per-role grants; every other table of the
-/// schema belongs to a job kind (sources and items).
-const ENGINE_TABLES: &[&str] = &[
+/// schema belongs to a job kind (sources and items). A table a later
+/// migration adds is granted on only once it exists.
+pub const ENGINE_TABLES: &[&str] = &[
     "batch_job_run",
     "batch_job_attempt",
     "batch_job_due",
@@ -67,8 +46,31 @@ const ENGINE_TABLES: &[&str] = &[
     "batch_process_config",
     "batch_operator_action",
     "batch_job_declared",
+    "batch_fence_held",
     "_sqlx_migrations",
 ];
+
+/// The engine tables no role reads or writes: the engine's functions do.
+const ENGINE_ONLY_TABLES: &[&str] = &["batch_fence_held"];
+
+/// The audit table and its trigger functions, which `<prefix>_guard` owns.
+const AUDIT_TABLE: &str = "batch_operator_action";
+const AUDIT_FUNCTIONS: &[&str] = &[
+    "batch_operator_action_append_only()",
+    "batch_operator_action_stamp()",
+];
+
+/// The audited end of a session that blocks a run (issue 42, item 5), which
+/// `<prefix>_terminator` owns whatever its signature; while no function of
+/// this name exists, the operator and console keep `pg_signal_backend`.
+const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
+
+/// Operator functions a later migration adds (with the terminate function),
+/// granted to the operator and console once they exist.
+const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_terminate_sessions"];
+
+/// What the terminate function reads: the run, its attempts, the open fences.
+const TERMINATOR_READS: &[&str] = &["batch_job_run", "batch_job_attempt", "batch_fence_held"];
 
 /// The state-change functions each role may call (migrations
 /// 20261203000004 and 20261203000005); every other function of the engine is its owner's.
@@ -143,6 +145,13 @@ fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The parts of the role names: seven group roles for logins, then the two
+/// that no login may hold.
+const LOGIN_PARTS: [&str; 7] = [
+    "migrator", "producer", "worker", "operator", "readonly", "program", "console",
+];
+const HELD_BY_NOBODY: [&str; 2] = ["guard", "terminator"];
+
 /// The SQL that creates the roles (if missing) and grants their privileges
 /// in `schema`; safe to run again.
 pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, String> {
@@ -155,6 +164,11 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
     {
         return Err(format!("invalid schema name {schema:?}"));
     }
+    for t in output_tables {
+        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("invalid output table name {t:?}"));
+        }
+    }
     let name = |part: &str| format!("{prefix}_{part}");
     let (m, p, w, o, r, g, c) = (
         ident(&name("migrator")),
@@ -165,16 +179,17 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         ident(&name("program")),
         ident(&name("console")),
     );
+    let (guard, term) = (ident(&name("guard")), ident(&name("terminator")));
     let s = ident(schema);
     let mut out = String::new();
     out.push_str(&format!(
         "-- Least-privilege roles for batchonce (prefix {prefix}, schema {schema}).\n\
          -- Group roles: grant them to login roles, for example\n\
-         --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n"
+         --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n\
+         -- {guard} (owns the audit table) and {term} (ends a session that blocks a run)\n\
+         -- are held by no login.\n"
     ));
-    for part in [
-        "migrator", "producer", "worker", "operator", "readonly", "program", "console",
-    ] {
+    for part in LOGIN_PARTS.iter().chain(&HELD_BY_NOBODY) {
         let role = name(part);
         out.push_str(&format!(
             "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN\n    CREATE ROLE {} NOLOGIN;\n  END IF;\nEND $$;\n",
@@ -182,15 +197,26 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         ));
     }
     out.push_str(&format!(
-        "\n-- Everyone uses the schema; only the migrator changes it.\n\
-         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g}, {c};\n\
-         GRANT CREATE ON SCHEMA {s} TO {m};\n"
+        "ALTER ROLE {guard} NOLOGIN;\nALTER ROLE {term} NOLOGIN;\n\
+         \n-- Everyone uses the schema; only the migrator changes it. No other role may\n\
+         -- CREATE in it (PostgreSQL 14 and older let PUBLIC create in `public`): a\n\
+         -- function or operator planted there that matches a call better than\n\
+         -- pg_catalog's would run as the migrator inside its SECURITY DEFINER functions.\n\
+         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g}, {c}, {guard}, {term};\n\
+         REVOKE CREATE ON SCHEMA {s} FROM PUBLIC;\n\
+         DO $create$\nDECLARE\n  x record;\nBEGIN\n\
+         \x20 FOR x IN SELECT a.grantee::regrole AS grantee\n\
+         \x20           FROM pg_namespace n, aclexplode(n.nspacl) a\n\
+         \x20           WHERE n.nspname = '{schema}' AND a.privilege_type = 'CREATE'\n\
+         \x20             AND a.grantee <> 0 AND a.grantee <> n.nspowner\n\
+         \x20             AND a.grantee <> '{migrator}'::regrole\n\
+         \x20 LOOP\n\
+         \x20   EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM %s', '{schema}', x.grantee);\n\
+         \x20 END LOOP;\n\
+         END $create$;\n\
+         GRANT CREATE ON SCHEMA {s} TO {m};\n",
+        migrator = name("migrator"),
     ));
-    let engine = ENGINE_TABLES
-        .iter()
-        .map(|t| format!("{s}.{}", ident(t)))
-        .collect::<Vec<_>>()
-        .join(", ");
     let table = |t: &str| format!("{s}.{}", ident(t));
     let functions = |list: &[&str]| {
         list.iter()
@@ -198,20 +224,15 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
             .collect::<Vec<_>>()
             .join(", ")
     };
-    // Grants on existing objects only once they exist: the roles come first
-    // (the migrator must exist to create the tables), the grants after
-    // `migrate`, and default privileges cover what the migrator adds later.
-    for t in output_tables {
-        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(format!("invalid output table name {t:?}"));
-        }
-    }
     let outputs = output_tables
         .iter()
         .map(|t| table(t))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut on_tables = vec![
+    // Grants on existing objects only once they exist: the roles come first
+    // (the migrator must exist to create the tables), the grants after
+    // `migrate`, and default privileges cover what the migrator adds later.
+    let on_tables = vec![
         "-- Job kinds' tables: workers read them all (sources) and write only the kinds' output tables.".to_owned(),
         format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {w}"),
         format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {w}"),
@@ -222,8 +243,26 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
         format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
         "-- The engine's tables: no role writes a run, an attempt or an audit row itself; the functions below do.".to_owned(),
-        format!("REVOKE ALL ON {engine} FROM {p}, {w}, {o}, {r}, {g}, {c}"),
-        format!("GRANT SELECT ON {engine} TO {p}, {o}, {r}, {c}"),
+    ];
+    // Each engine table only if it exists (a later migration adds some): the
+    // relation's name, then the statement.
+    let mut engine: Vec<(String, String)> = Vec::new();
+    for t in ENGINE_TABLES {
+        engine.push((
+            format!("{schema}.{t}"),
+            format!(
+                "REVOKE ALL ON {} FROM {p}, {w}, {o}, {r}, {g}, {c}, {term}",
+                table(t)
+            ),
+        ));
+        if !ENGINE_ONLY_TABLES.contains(t) {
+            engine.push((
+                format!("{schema}.{t}"),
+                format!("GRANT SELECT ON {} TO {p}, {o}, {r}, {c}", table(t)),
+            ));
+        }
+    }
+    let mut on_tables_after = vec![
         "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
         format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
         "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
@@ -233,7 +272,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
             table("batch_process_config")
         ),
         "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
-        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}"),
+        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}, {term}"),
         format!("GRANT EXECUTE ON FUNCTION {} TO {w}", functions(WORKER_FUNCTIONS)),
         format!("GRANT EXECUTE ON FUNCTION {} TO {p}", functions(PRODUCER_FUNCTIONS)),
         format!("GRANT EXECUTE ON FUNCTION {} TO {o}", functions(OPERATOR_FUNCTIONS)),
@@ -241,36 +280,172 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         format!("GRANT EXECUTE ON FUNCTION {} TO {c}", functions(CONSOLE_FUNCTIONS)),
     ];
     if !output_tables.is_empty() {
-        on_tables.push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
-        on_tables.push(format!("GRANT INSERT, UPDATE ON {outputs} TO {w}"));
+        on_tables_after
+            .push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
+        on_tables_after.push(format!("GRANT INSERT, UPDATE ON {outputs} TO {w}"));
     }
     if opts.keep_direct_writes {
-        on_tables.extend([
+        on_tables_after.extend([
             "-- --keep-direct-writes: what the previous release's processes write directly, until the rolling upgrade is done.".to_owned(),
             format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {w}"),
-            format!("REVOKE INSERT, UPDATE ON {} FROM {w}", table("batch_operator_action")),
+            format!("REVOKE INSERT, UPDATE ON {} FROM {w}", table(AUDIT_TABLE)),
             format!("GRANT INSERT ON {} TO {p}", table("batch_job_run")),
             format!("GRANT UPDATE ON {}, {} TO {w}, {o}", table("batch_job_run"), table("batch_job_attempt")),
-            format!("GRANT INSERT ON {} TO {o}", table("batch_operator_action")),
+            format!("GRANT INSERT ON {} TO {o}", table(AUDIT_TABLE)),
             format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {p}, {o}"),
         ]);
     }
     out.push_str(&format!(
-        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity), and\n\
-         -- `runs fail --terminate-blocker` ends the session that holds a run.\n\
+        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
          GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
-         GRANT pg_signal_backend TO {o}, {c};\n\
+         -- Only {term} may end another session, through the audited\n\
+         -- batchonce_operator_terminate it owns (which checks the sessions it ends\n\
+         -- in pg_stat_activity).\n\
+         GRANT pg_signal_backend, pg_read_all_stats TO {term};\n\
          \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
-         DO $grants$ BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n"
+         DO $grants$\nDECLARE\n  f regprocedure;\n  terminate_exists boolean := false;\n\
+         \x20 superuser boolean := (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);\n\
+         BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n\
+         \x20   -- An administrator that is no superuser acts as guard and terminator for the\n\
+         \x20   -- ownership changes, which PostgreSQL allows only to a new owner that may\n\
+         \x20   -- create in the schema; the membership and that privilege end with this\n\
+         \x20   -- transaction's script (below), so no other session ever sees them.\n\
+         \x20   IF NOT superuser THEN\n\
+         \x20     EXECUTE 'GRANT {guard}, {term} TO ' || quote_ident(current_user);\n\
+         \x20     EXECUTE 'GRANT CREATE ON SCHEMA {s} TO {guard}, {term}';\n\
+         \x20   END IF;\n"
     ));
-    for stmt in &on_tables {
+    let emit = |out: &mut String, stmt: &str| {
         if stmt.starts_with("--") {
             out.push_str(&format!("    {stmt}\n"));
         } else {
             out.push_str(&format!("    EXECUTE '{}';\n", stmt.replace('\'', "''")));
         }
+    };
+    for stmt in &on_tables {
+        emit(&mut out, stmt);
     }
-    out.push_str("  END IF;\nEND $grants$;\n");
+    for (rel, sql) in &engine {
+        out.push_str(&format!(
+            "    IF to_regclass('{rel}') IS NOT NULL THEN EXECUTE '{}'; END IF;\n",
+            sql.replace('\'', "''")
+        ));
+    }
+    for stmt in &on_tables_after {
+        emit(&mut out, stmt);
+    }
+    emit(
+        &mut out,
+        "-- The audit trail's past is out of the migrator's reach: guard owns the table and its",
+    );
+    emit(&mut out, "-- triggers' functions, so the migrator can neither alter, disable, truncate nor drop them,");
+    emit(
+        &mut out,
+        "-- nor replace the stamp; their names resolve in pg_catalog only. The migrator's operator",
+    );
+    emit(&mut out, "-- functions insert (and read back) audit rows; the foreign key's owner must reference runs.");
+    emit(
+        &mut out,
+        &format!("ALTER TABLE {} OWNER TO {guard}", table(AUDIT_TABLE)),
+    );
+    for f in AUDIT_FUNCTIONS {
+        emit(
+            &mut out,
+            &format!("ALTER FUNCTION {s}.{f} SET search_path = pg_catalog, pg_temp"),
+        );
+    }
+    out.push_str(&format!(
+        "    -- Every function a trigger of the audit table calls (none runs as its owner).\n\
+         \x20   FOR f IN SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t\n\
+         \x20            JOIN pg_proc p ON p.oid = t.tgfoid\n\
+         \x20            WHERE t.tgrelid = '{audit}'::regclass AND NOT t.tgisinternal AND NOT p.prosecdef\n\
+         \x20   LOOP\n\
+         \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{guard}');\n\
+         \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
+         \x20   END LOOP;\n",
+        audit = table(AUDIT_TABLE),
+    ));
+    emit(
+        &mut out,
+        &format!("REVOKE ALL ON {} FROM {m}", table(AUDIT_TABLE)),
+    );
+    emit(
+        &mut out,
+        &format!("GRANT SELECT, INSERT ON {} TO {m}", table(AUDIT_TABLE)),
+    );
+    emit(
+        &mut out,
+        &format!(
+            "GRANT REFERENCES (job_key) ON {} TO {guard}",
+            table("batch_job_run")
+        ),
+    );
+    emit(
+        &mut out,
+        "-- The audited end of a session: terminator owns it and reads what it checks;",
+    );
+    emit(
+        &mut out,
+        "-- the operator and console call it, and hold pg_signal_backend themselves only",
+    );
+    emit(
+        &mut out,
+        "-- while it does not exist (a schema of an earlier release).",
+    );
+    out.push_str(&format!(
+        "    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{TERMINATE_FUNCTION}'\n\
+         \x20   LOOP\n\
+         \x20     terminate_exists := true;\n\
+         \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{term}');\n\
+         \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
+         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
+         \x20   END LOOP;\n\
+         \x20   -- The same migration's audit row that names the sessions to end.\n\
+         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional}])\n\
+         \x20   LOOP\n\
+         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
+         \x20   END LOOP;\n\
+         \x20   IF terminate_exists THEN\n",
+        optional = OPTIONAL_OPERATOR_FUNCTIONS
+            .iter()
+            .map(|f| format!("'{f}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    for t in TERMINATOR_READS {
+        out.push_str(&format!(
+            "      IF to_regclass('{schema}.{t}') IS NOT NULL THEN EXECUTE 'GRANT SELECT ON {} TO {term}'; END IF;\n",
+            table(t)
+        ));
+    }
+    out.push_str(&format!(
+        "      EXECUTE 'GRANT SELECT, INSERT ON {audit} TO {term}';\n\
+         \x20     IF to_regprocedure('{schema}.batchonce_now(timestamptz)') IS NOT NULL THEN\n\
+         \x20       EXECUTE 'GRANT EXECUTE ON FUNCTION {s}.batchonce_now(timestamptz) TO {term}';\n\
+         \x20     END IF;\n\
+         \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
+         \x20                AND member = '{op}'::regrole) THEN\n\
+         \x20       EXECUTE 'REVOKE pg_signal_backend FROM {o}';\n\
+         \x20     END IF;\n\
+         \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
+         \x20                AND member = '{con}'::regrole) THEN\n\
+         \x20       EXECUTE 'REVOKE pg_signal_backend FROM {c}';\n\
+         \x20     END IF;\n\
+         \x20   END IF;\n\
+         \x20 END IF;\n\
+         \x20 IF NOT terminate_exists THEN\n\
+         \x20   EXECUTE 'GRANT pg_signal_backend TO {o}, {c}';\n\
+         \x20 END IF;\n\
+         \x20 IF NOT superuser THEN\n\
+         \x20   EXECUTE 'REVOKE CREATE ON SCHEMA {s} FROM {guard}, {term}';\n\
+         \x20 END IF;\n\
+         END $grants$;\n",
+        audit = table(AUDIT_TABLE),
+        op = name("operator"),
+        con = name("console"),
+    ));
     out.push_str(&format!(
         "\n-- Tables the migrator creates later can be read; writing a new output table,\n\
          -- like calling a new function, waits until `batchonce roles` runs again.\n\
@@ -278,7 +453,18 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r}, {c};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w};\n\
          ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n"
+         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n\
+         \n-- No login holds {guard} or {term}, and neither does the migrator.\n\
+         DO $nobody$\nDECLARE\n  x record;\nBEGIN\n\
+         \x20 FOR x IN SELECT a.roleid::regrole AS role, a.member::regrole AS member\n\
+         \x20           FROM pg_auth_members a\n\
+         \x20           WHERE a.roleid IN ('{gname}'::regrole, '{tname}'::regrole)\n\
+         \x20 LOOP\n\
+         \x20   EXECUTE format('REVOKE %s FROM %s', x.role, x.member);\n\
+         \x20 END LOOP;\n\
+         END $nobody$;\n",
+        gname = name("guard"),
+        tname = name("terminator"),
     ));
     Ok(out)
 }
@@ -288,7 +474,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
 pub enum RolesError {
     #[error("{0}")]
     Invalid(String),
-    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables and grant pg_read_all_stats and pg_signal_backend; or apply the printed SQL yourself): {0}")]
+    #[error("applying the roles failed (run it as a superuser, or as an admin that can create roles, grant on the migrator's tables, grant pg_read_all_stats and pg_signal_backend, and revoke CREATE on the schema; or apply the printed SQL yourself): {0}")]
     Database(#[from] sqlx::Error),
 }
 
@@ -371,6 +557,19 @@ mod tests {
              \"public\".\"batchonce_operator_hold_row\" TO \"bo_console\""
         ));
         assert!(s.contains("GRANT pg_signal_backend TO \"bo_operator\", \"bo_console\""));
+    }
+
+    #[test]
+    fn only_the_migrator_creates_and_guard_owns_the_trail() {
+        let s = sql("bo", "public", &opts(&[])).unwrap();
+        assert!(s.contains("REVOKE CREATE ON SCHEMA \"public\" FROM PUBLIC;"));
+        assert!(s.contains("GRANT CREATE ON SCHEMA \"public\" TO \"bo_migrator\";"));
+        assert!(s.contains(
+            "EXECUTE 'ALTER TABLE \"public\".\"batch_operator_action\" OWNER TO \"bo_guard\"';"
+        ));
+        assert!(s.contains("GRANT pg_signal_backend, pg_read_all_stats TO \"bo_terminator\";"));
+        assert!(s.contains("CREATE ROLE \"bo_guard\" NOLOGIN"));
+        assert!(s.contains("ALTER ROLE \"bo_terminator\" NOLOGIN;"));
     }
 
     #[test]
