@@ -87,11 +87,13 @@ async fn claim3(w: &mut PgConnection, limit: i64, ttl: f64) -> Vec<(String, i64)
 
 /// The run's status, attempts and lease token, as the owner reads them.
 async fn run_row(owner: &PgPool, key: &str) -> (String, i32, Option<i64>) {
-    sqlx::query_as("SELECT status::text, attempts, lease_token FROM batch_job_run WHERE job_key = $1")
-        .bind(key)
-        .fetch_one(owner)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT status::text, attempts, lease_token FROM batch_job_run WHERE job_key = $1",
+    )
+    .bind(key)
+    .fetch_one(owner)
+    .await
+    .unwrap()
 }
 
 /// Whether `expr` holds for the run, as the owner reads it (after the
@@ -180,7 +182,12 @@ async fn a_stolen_worker_login_cannot_move_the_engines_clock() {
     let (k3, t3) = legacy[0].clone();
     assert_eq!(k3, key(3));
     assert!(
-        holds(owner, &k3, "lease_expires_at <= now() + interval '24 hours'").await,
+        holds(
+            owner,
+            &k3,
+            "lease_expires_at <= now() + interval '24 hours'"
+        )
+        .await,
         "the claim gave a legacy run a lease beyond 24 h"
     );
     sqlx::query("SELECT * FROM batchonce_heartbeat(ARRAY[$1], ARRAY[$2::bigint], '{1e12}', NULL)")
@@ -190,7 +197,12 @@ async fn a_stolen_worker_login_cannot_move_the_engines_clock() {
         .await
         .unwrap();
     assert!(
-        holds(owner, &k3, "lease_expires_at <= now() + interval '24 hours'").await,
+        holds(
+            owner,
+            &k3,
+            "lease_expires_at <= now() + interval '24 hours'"
+        )
+        .await,
         "the heartbeat extended a legacy run's lease beyond 24 h"
     );
     let freeze = sqlx::query(
@@ -211,7 +223,8 @@ async fn a_stolen_worker_login_cannot_move_the_engines_clock() {
 
     // Recovery: with an instant of its own, refused; the live leases of
     // others stay theirs.
-    let rec = "SELECT * FROM batchonce_recover_expired('{daily-settlement}', '{daily-settlement}', $1)";
+    let rec =
+        "SELECT * FROM batchonce_recover_expired('{daily-settlement}', '{daily-settlement}', $1)";
     assert_eq!(sqlstate(&mut w, rec, Some(y2999())).await, "42501");
     assert_eq!(run_row(owner, &k2).await, ("RUNNING".into(), 1, Some(t2)));
     assert_eq!(run_row(owner, &k3).await, ("RUNNING".into(), 1, Some(t3)));
@@ -272,11 +285,10 @@ async fn a_stolen_worker_login_cannot_move_the_engines_clock() {
 /// Asserts that the worker's session still has `batchonce.in_step` on, so
 /// each call below starts with the caller's value set.
 async fn in_step_on(w: &mut PgConnection) {
-    let v: Option<String> =
-        sqlx::query_scalar("SELECT current_setting('batchonce.in_step', true)")
-            .fetch_one(&mut *w)
-            .await
-            .unwrap();
+    let v: Option<String> = sqlx::query_scalar("SELECT current_setting('batchonce.in_step', true)")
+        .fetch_one(&mut *w)
+        .await
+        .unwrap();
     assert_eq!(v.as_deref(), Some("on"));
 }
 
@@ -409,7 +421,9 @@ async fn every_security_definer_function_resets_in_step() {
     .await
     .unwrap();
     assert!(
-        functions.iter().any(|f| f.0.starts_with("batchonce_claim3(")),
+        functions
+            .iter()
+            .any(|f| f.0.starts_with("batchonce_claim3(")),
         "{functions:?}"
     );
     let reset = |lang: &str| {
