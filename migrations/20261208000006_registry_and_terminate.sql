@@ -12,10 +12,9 @@
 -- 2. Ending a session is audited and limited to a fence holder.
 --    `batchonce_operator_audit_terminate_sessions` writes the
 --    `terminate-blocker` audit row naming each session (pid and transaction
---    start) and accepts only sessions that hold an open fence of the run in
---    that transaction (batch_fence_held); `batchonce_operator_terminate`
---    ends, in a later transaction, only the sessions such a committed audit
---    row names that still hold that fence. The operator role needs no
+--    start); `batchonce_operator_terminate` ends, in a later transaction,
+--    only the sessions such a committed audit row names that hold the run's
+--    row in that transaction, and refuses everything else. The operator role needs no
 --    pg_signal_backend: `batchonce roles` makes the function's owner a role
 --    no login holds, which has it.
 
@@ -109,10 +108,9 @@ ALTER TABLE batch_operator_action ADD CONSTRAINT batch_operator_action_targets_c
 
 -- The audit row of `--terminate-blocker` that names the sessions to end
 -- (pid and transaction start, as pg_stat_activity shows them), committed
--- before any is ended. It accepts only sessions that hold an open fence of
--- the run in that transaction, as the engine records it (batch_fence_held):
--- nothing else is the operator's to end. Returns the audit row's id, which
--- `batchonce_operator_terminate` takes.
+-- before any is ended. Returns the audit row's id, which
+-- `batchonce_operator_terminate` takes; that function decides which of
+-- them may be ended.
 CREATE FUNCTION batchonce_operator_audit_terminate_sessions(
     p_key text, p_operator text, p_reason text, p_detail text,
     p_pids integer[], p_xact_starts timestamptz[])
@@ -122,7 +120,6 @@ AS $$
 DECLARE
     v_status text;
     v_id bigint;
-    v_bad text;
 BEGIN
     -- No caller's setting switches the engine's bookkeeping off in here
     -- (a function's own SET of a custom setting needs a superuser on
@@ -140,15 +137,6 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no run with key %', p_key USING ERRCODE = '22023';
     END IF;
-    SELECT string_agg(format('session %s (transaction started %s)', t.pid, t.xs), '; ')
-    INTO v_bad
-    FROM unnest(p_pids, p_xact_starts) AS t(pid, xs)
-    WHERE NOT EXISTS (SELECT 1 FROM batch_fence_held f
-                      WHERE f.pid = t.pid AND f.xact_start = t.xs AND f.job_key = p_key);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'refused: % holds no open fence of run % in that transaction; only a session that holds the run''s fence may be ended', v_bad, p_key
-            USING ERRCODE = '42501';
-    END IF;
     INSERT INTO batch_operator_action
         (operator, action, job_key, reason, before_status, after_status, detail,
          target_pids, target_xact_starts)
@@ -159,6 +147,15 @@ BEGIN
 END;
 $$;
 
+-- A named session may be ended only while it is still in the transaction
+-- named and holds the run's row in it: the engine's record of open fences
+-- says so (batch_fence_held, where another session can see it), or that
+-- transaction is the row's locker (its xid is the row's xmax, or one of the
+-- lockers of the multixact that xmax names once a heartbeat has locked the
+-- row too). Only engine functions lock a run's row (no role may update the
+-- table), so such a session is a fence holder or an engine call in
+-- progress. Reading other roles' sessions needs pg_read_all_stats.
+--
 -- Ends the sessions a committed `terminate-blocker` audit row (`p_audit`,
 -- written by this login) names, each only while it is still in the
 -- transaction named and holds an open fence of the audited run in it.
@@ -175,7 +172,13 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     a record;
+    t record;
     v_bad text;
+    v_xid xid;
+    v_xmax xid;
+    v_holds boolean;
+    v_pids integer[] := '{}';
+    v_starts timestamptz[] := '{}';
 BEGIN
     PERFORM set_config('batchonce.in_step', 'off', true);
     SELECT o.job_key, o.target_pids, o.target_xact_starts, o.session_user_name, o.at
@@ -202,13 +205,37 @@ BEGIN
             p_audit USING ERRCODE = '42501';
     END IF;
     -- Each named session still in the named transaction must hold the
-    -- run's fence in it.
-    SELECT string_agg(format('session %s', s.pid), '; ') INTO v_bad
-    FROM pg_stat_activity s
-    JOIN unnest(a.target_pids, a.target_xact_starts) AS t(pid, xs)
-      ON s.pid = t.pid AND s.xact_start = t.xs
-    WHERE NOT EXISTS (SELECT 1 FROM batch_fence_held f
-                      WHERE f.pid = t.pid AND f.xact_start = t.xs AND f.job_key = a.job_key);
+    -- run's row in it.
+    FOR t IN SELECT u.pid, u.xs FROM unnest(a.target_pids, a.target_xact_starts) AS u(pid, xs) LOOP
+        SELECT s.backend_xid INTO v_xid FROM pg_stat_activity s
+        WHERE s.pid = t.pid AND s.xact_start = t.xs AND s.backend_type = 'client backend';
+        IF NOT FOUND THEN
+            CONTINUE;  -- ended, or moved on: no longer there to end
+        END IF;
+        v_holds := EXISTS (SELECT 1 FROM batch_fence_held f
+                           WHERE f.pid = t.pid AND f.xact_start = t.xs AND f.job_key = a.job_key);
+        IF NOT v_holds AND v_xid IS NOT NULL THEN
+            SELECT r.xmax INTO v_xmax FROM batch_job_run r WHERE r.job_key = a.job_key;
+            v_holds := coalesce(v_xmax = v_xid, false);
+            IF NOT v_holds AND v_xmax IS NOT NULL AND v_xmax <> '0'::xid THEN
+                -- SQL cannot tell a multixact from a transaction id; an
+                -- xmax that is no multixact raises, and then the session is
+                -- not the locker.
+                BEGIN
+                    v_holds := EXISTS (SELECT 1 FROM pg_get_multixact_members(v_xmax) m
+                                       WHERE m.xid = v_xid);
+                EXCEPTION WHEN OTHERS THEN
+                    v_holds := false;
+                END;
+            END IF;
+        END IF;
+        IF v_holds THEN
+            v_pids := v_pids || t.pid;
+            v_starts := v_starts || t.xs;
+        ELSE
+            v_bad := concat_ws('; ', v_bad, format('session %s', t.pid));
+        END IF;
+    END LOOP;
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'refused: % holds no open fence of run % in the transaction audited; nothing was terminated',
             v_bad, a.job_key USING ERRCODE = '42501';
@@ -218,11 +245,7 @@ BEGIN
     RETURN QUERY
     WITH target AS MATERIALIZED (
         SELECT s.pid FROM pg_stat_activity s
-        JOIN unnest(a.target_pids, a.target_xact_starts) AS t(pid, xs)
-          ON s.pid = t.pid AND s.xact_start = t.xs
-        WHERE s.backend_type = 'client backend'
-          AND EXISTS (SELECT 1 FROM batch_fence_held f
-                      WHERE f.pid = t.pid AND f.xact_start = t.xs AND f.job_key = a.job_key)
+        JOIN unnest(v_pids, v_starts) AS u(pid, xs) ON s.pid = u.pid AND s.xact_start = u.xs
     )
     SELECT target.pid FROM target WHERE pg_terminate_backend(target.pid);
 END;
