@@ -68,6 +68,7 @@ pub const CURRENT_ATTEMPTS: &str = "batchonce_current_run_attempts";
 pub const EXPIRED_LEASES: &str = "batchonce_expired_leases";
 pub const EXPORTER_LAST_SCRAPE: &str = "batchonce_exporter_last_success_timestamp_seconds";
 pub const CONFIG_FINGERPRINTS: &str = "batchonce_config_fingerprints";
+pub const REGISTRY_ROWS_LEFT_OUT: &str = "batchonce_registry_rows_left_out";
 pub const NEWEST_FAILURE: &str = "batchonce_newest_failure_timestamp_seconds";
 pub const LAST_DONE_PERIOD: &str = "batchonce_last_done_period_start_timestamp_seconds";
 pub const DUE_PERIOD: &str = "batchonce_due_period_start_timestamp_seconds";
@@ -115,6 +116,7 @@ pub const ALL: &[&str] = &[
     EXPIRED_LEASES,
     EXPORTER_LAST_SCRAPE,
     CONFIG_FINGERPRINTS,
+    REGISTRY_ROWS_LEFT_OUT,
     NEWEST_FAILURE,
     LAST_DONE_PERIOD,
     DUE_PERIOD,
@@ -227,6 +229,11 @@ fn describe() {
         CONFIG_FINGERPRINTS,
         Unit::Count,
         "Different configurations of the job among live workers and producers; above 1 they disagree (job)."
+    );
+    describe_gauge!(
+        REGISTRY_ROWS_LEFT_OUT,
+        Unit::Count,
+        "Registry rows (batch_worker, batch_process_config) no view believes, left out of every view; the exporter logs each."
     );
     describe_gauge!(
         NEWEST_FAILURE,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 
-use super::print::{print_drift, Align, Table};
+use super::print::{print_drift, print_left_out, Align, Table};
 use super::runs::runs_command;
 use super::{load_config, require_url, served_jobs, validate_worker_id, Cli, Command};
 use crate::clock::Clock;
@@ -469,9 +469,12 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 Err(e) => return Err(unless_unmigrated(&pool, &registry, e.into()).await),
             };
             let drift = crate::runtime::worker_registry::config_drift(&pool).await?;
+            let left_out = queue::registry_problems(&pool).await?;
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
                 v["config_drift"] = serde_json::to_value(&drift)?;
+                v["registry_left_out"] = serde_json::to_value(&left_out.0)?;
+                v["registry_left_out_count"] = serde_json::to_value(left_out.1)?;
                 println!("{}", json_for_terminal(&v)?);
             } else {
                 let mut t = Table::new(&[
@@ -525,6 +528,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                     }
                 );
                 print_drift(&drift);
+                print_left_out(&left_out.0, left_out.1);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -33,6 +33,17 @@ pub(super) fn print_drift(drift: &[crate::runtime::worker_registry::ConfigDrift]
     }
 }
 
+/// Names the registry rows every view leaves out (`queue::registry_problems`),
+/// one line each, escaped; nothing when there are none.
+pub(super) fn print_left_out(rows: &[crate::queue::RegistryProblem], total: i64) {
+    for p in rows {
+        println!("registry: left out {}", esc(&p.describe()));
+    }
+    if total > rows.len() as i64 {
+        println!("registry: {} more rows left out", total - rows.len() as i64);
+    }
+}
+
 /// An instant as the text output shows it: UTC to the second, always the
 /// same width (`2026-09-15T16:00:07Z`). `--json` keeps the full precision.
 pub(super) fn time(t: chrono::DateTime<chrono::Utc>) -> String {

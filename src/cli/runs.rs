@@ -6,7 +6,9 @@ use anyhow::anyhow;
 use serde_json::json;
 
 use super::keys;
-use super::print::{distinct_fingerprints, print_drift, seconds, time, time_or_dash, Align, Table};
+use super::print::{
+    distinct_fingerprints, print_drift, print_left_out, seconds, time, time_or_dash, Align, Table,
+};
 use super::{validate_operator, validate_reason, RunsCommand};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -26,7 +28,14 @@ pub(super) async fn runs_command(
         RunsCommand::Stale { fail_if_dead } => {
             let stale = queue::stale_runs(pool, Clock::Db).await?;
             let drift = crate::runtime::worker_registry::config_drift(pool).await?;
+            let left_out = queue::registry_problems(pool).await?;
             if json_out {
+                for p in &left_out.0 {
+                    eprintln!(
+                        "batchonce: warning: registry: left out {}",
+                        esc(&p.describe())
+                    );
+                }
                 println!("{}", json_for_terminal(&stale)?);
                 // Standard output stays the list scripts read.
                 for d in &drift {
@@ -40,6 +49,7 @@ pub(super) async fn runs_command(
                 return Ok(stale_exit(&stale, *fail_if_dead));
             }
             print_drift(&drift);
+            print_left_out(&left_out.0, left_out.1);
             if stale.is_empty() {
                 println!("no stale runs");
             }

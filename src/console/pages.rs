@@ -49,6 +49,10 @@ pub(crate) async fn overview(
         Ok(d) => d,
         Err(e) => return db_error(e),
     };
+    let (left_out, left_out_n) = match queue::registry_problems(&app.pool).await {
+        Ok(p) => p,
+        Err(e) => return db_error(e),
+    };
     let count = |g: &queue::JobGauges, s: &str| {
         g.runs.iter().find(|(st, _)| st == s).map_or(0, |(_, n)| *n)
     };
@@ -90,6 +94,7 @@ pub(crate) async fn overview(
                 }
             }
         }
+        (registry_note(&left_out, left_out_n))
         h2 { "Configuration drift" }
         @if drift.is_empty() { p.muted { "Every live process runs the same configuration of each job." } }
         @for d in &drift {
@@ -499,8 +504,13 @@ pub(crate) async fn workers(
         Ok(p) => p,
         Err(e) => return db_error(e),
     };
+    let (left_out, left_out_n) = match queue::registry_problems(&app.pool).await {
+        Ok(p) => p,
+        Err(e) => return db_error(e),
+    };
     let body = html! {
         h1 { "Workers and producers" }
+        (registry_note(&left_out, left_out_n))
         table {
             tr { th { "Process" } th { "Role" } th { "Live" } th { "Host" } th { "PID" } th { "Version" }
                  th { "Started" } th { "Last seen" } th { "Configuration" } }
@@ -516,4 +526,17 @@ pub(crate) async fn workers(
         @if processes.is_empty() { p.muted { "No process has registered." } }
     };
     html::page("Workers", &a.session, body).into_response()
+}
+
+/// The registry rows every view leaves out (`queue::registry_problems`),
+/// named on the page; nothing when there are none.
+fn registry_note(rows: &[queue::RegistryProblem], total: i64) -> Markup {
+    html! {
+        @if total > 0 {
+            div.note {
+                strong { "Registry rows left out: " (total) } ". No view believes them; delete them as the tables' owner, or stop the process that writes them."
+                ul { @for p in rows { li { (crate::text::escape_for_terminal(&p.describe())) } } }
+            }
+        }
+    }
 }

@@ -24,7 +24,9 @@
 //! `BatchonceRunMissed` compares with the producers'
 //! `batchonce_due_period_start_timestamp_seconds`), `batchonce_current_run_attempts` and
 //! `batchonce_expired_leases` (label `job`), `batchonce_config_fingerprints` (label `job`, from
-//! `worker_registry::fingerprint_counts`), and then
+//! `worker_registry::fingerprint_counts`), `batchonce_registry_rows_left_out` (the registry rows
+//! `queue::registry_problems` faults, each also logged with its process id escaped: no view
+//! believes them, and none is taken down by one), and then
 //! `batchonce_exporter_last_success_timestamp_seconds`, which therefore advances only after a
 //! successful read. `run` publishes every `--interval` (default 15 s) until its cancellation token
 //! fires. A database error is logged (`exporter could not read the database; retrying`) and tried
@@ -90,6 +92,17 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
     for (job, n) in crate::runtime::worker_registry::fingerprint_counts(pool).await? {
         metrics::gauge!(telemetry::CONFIG_FINGERPRINTS, "job" => job).set(n as f64);
     }
+    let (left_out, n) = queue::registry_problems(pool).await?;
+    for p in &left_out {
+        warn!(
+            table = %p.table,
+            process_id = %crate::text::escape_for_terminal(&p.process_id),
+            job = %crate::text::escape_for_terminal(p.job_name.as_deref().unwrap_or("")),
+            problem = %p.problem,
+            "registry row left out of every view"
+        );
+    }
+    metrics::gauge!(telemetry::REGISTRY_ROWS_LEFT_OUT).set(n as f64);
     metrics::gauge!(telemetry::EXPORTER_LAST_SCRAPE)
         .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
     Ok(())

@@ -39,9 +39,13 @@
 //! the action without the lock, because a refused action is not worth a terminated session. It
 //! then tries the action once more. As soon as that try waits for one of the same client sessions
 //! (pid and `xact_start`), `terminate_audited` commits a `terminate-blocker` audit row whose
-//! `detail` describes them. In a second transaction it then takes the row `FOR NO KEY UPDATE`
-//! (compatible with the fence's `FOR KEY SHARE`), terminates them (`pg_terminate_backend` in a
-//! `MATERIALIZED` CTE, so the filter is applied before the call), and rolls back once they are
+//! `detail` describes them and whose `target_pids`/`target_xact_starts` name them
+//! (`batchonce_operator_audit_terminate_sessions`, which accepts only sessions holding an open
+//! fence of the run, `batch_fence_held`). In a second transaction it then takes the row `FOR NO
+//! KEY UPDATE` (compatible with the fence's `FOR KEY SHARE`), has the database end them
+//! (`batchonce_operator_terminate(audit id)`: only sessions that committed row names, still in
+//! that transaction and holding the fence; the operator has no `pg_signal_backend`; a refusal,
+//! SQLSTATE 42501, is one clear error), and rolls back once they are
 //! gone and their worker's next statement waits behind it or the action, or after 1 s, clearing
 //! the `pg_stat_activity` snapshot (`pg_stat_clear_snapshot()`) before each look. Without that
 //! hold, a statement that arrived between the session's death and the woken action's re-lock
@@ -708,16 +712,23 @@ async fn terminate_audited(
     .await?;
     // The run's status before and after: this row changes no state. A
     // database function: the operator role writes no audit row directly.
-    crate::db::query("SELECT batchonce_operator_audit_terminate($1, $2, $3, $4)")
-        .bind(req.key.as_str())
-        .bind(req.operator.as_str())
-        .bind(req.reason.as_str())
-        .bind(&detail)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    // It names each session by pid and transaction start, and accepts only
+    // sessions that hold an open fence of this run in that transaction.
     let pids: Vec<i32> = targets.iter().map(|s| s.pid).collect();
     let starts: Vec<Option<DateTime<Utc>>> = targets.iter().map(|s| s.xact_start).collect();
+    let audit: i64 = crate::db::query_scalar(
+        "SELECT batchonce_operator_audit_terminate_sessions($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(req.key.as_str())
+    .bind(req.operator.as_str())
+    .bind(req.reason.as_str())
+    .bind(&detail)
+    .bind(&pids)
+    .bind(&starts)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(refused_termination)?;
+    tx.commit().await?;
     let names: Vec<&str> = targets
         .iter()
         .map(|s| s.application_name.as_str())
@@ -742,32 +753,14 @@ async fn terminate_audited(
         .bind(req.key.as_str())
         .execute(&mut *tx)
         .await?;
-    // MATERIALIZED: the filter is decided before pg_terminate_backend is
-    // called, never pushed below the join onto every session of the server.
-    let ended: Result<Vec<i32>, sqlx::Error> = crate::db::query_scalar(
-        r#"
-        WITH target AS MATERIALIZED (
-            SELECT a.pid FROM pg_stat_activity a
-            JOIN unnest($1::int4[], $2::timestamptz[]) AS t(pid, xact_start)
-              ON a.pid = t.pid AND a.xact_start IS NOT DISTINCT FROM t.xact_start
-            WHERE a.backend_type = 'client backend'
-        )
-        SELECT pid FROM target WHERE pg_terminate_backend(pid)
-        "#,
-    )
-    .bind(&pids)
-    .bind(&starts)
-    .fetch_all(&mut *tx)
-    .await;
-    let ended = match ended {
-        Ok(v) => v,
-        Err(e) if sqlstate(&e) == Some("42501") => {
-            return Err(QueueError::Invalid(format!(
-                "{e}: the operator's database role needs pg_signal_backend to end another role's session (`batchonce roles` grants it to <prefix>_operator); the audit row is written, nothing was terminated"
-            )))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    // The database ends only the sessions the committed audit row names
+    // that still hold the run's fence in the transaction named.
+    let ended: Vec<i32> =
+        crate::db::query_scalar("SELECT pid FROM batchonce_operator_terminate($1) AS t(pid)")
+            .bind(audit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(refused_termination)?;
     // Long enough for a loaded worker to notice its ended session and send
     // its next statement; bounded by the action's own lock timeout.
     let until = tokio::time::Instant::now()
@@ -801,6 +794,20 @@ async fn terminate_audited(
         .filter(|s| ended.contains(&s.pid))
         .map(|s| (*s).clone())
         .collect())
+}
+
+/// A refusal of the database's termination rules (SQLSTATE 42501) as one
+/// clear error; other errors pass through.
+fn refused_termination(e: sqlx::Error) -> QueueError {
+    if sqlstate(&e) == Some("42501") {
+        let msg = match &e {
+            sqlx::Error::Database(db) => db.message().to_owned(),
+            other => other.to_string(),
+        };
+        QueueError::Invalid(format!("--terminate-blocker {msg}"))
+    } else {
+        e.into()
+    }
 }
 
 /// Replaces what the audit table refuses (control and formatting

@@ -81,7 +81,8 @@ pub use search::{
     audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,
 };
 pub use views::{
-    gauges, stale_runs, status, JobGauges, QueueStatus, StaleBrief, StaleRun, StatusCount,
+    gauges, registry_problems, stale_runs, status, JobGauges, QueueStatus, RegistryProblem,
+    StaleBrief, StaleRun, StatusCount, CONFIG_PROBLEM, WORKER_PROBLEM,
 };
 
 /// The channel `enqueue` notifies so idle workers wake at once.

@@ -31,6 +31,11 @@
 //!   the most `attempts` among PENDING and RUNNING runs, RUNNING runs with an expired lease, and
 //!   the scoped runs of the job's newest scoped period per status with that period's start. A job without runs gets zeros, so the alert rules always
 //!   see a series.
+//! - The registry's rows are written by every worker and producer login, so one may be absurd
+//!   (issue 42, item 5). [`WORKER_PROBLEM`] and [`CONFIG_PROBLEM`] are the one rule every view
+//!   applies: a row they fault is left out of `status`, `runs stale`, the exporter and the
+//!   console alike, and [`registry_problems`] lists it (process id and why) for each view to
+//!   report.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
@@ -75,6 +80,106 @@ fn bind_live<'q>(
     q.bind(clock.bind())
         .bind(d.stale_after.as_secs_f64())
         .bind(d.lease_ttl.as_secs_f64())
+}
+
+/// Why the `batch_worker` row `w` cannot be believed, or NULL when it can:
+/// a pid that is no process's, a time no process wrote (infinite, before
+/// 2000 or ahead of the database's clock by more than an hour), or a
+/// promised sign of life more than 31 days after the last (no process
+/// promises one that far; `live_until` NULL is a process of a release
+/// before the registry recorded one, shown as not live). The one rule
+/// every view applies.
+pub const WORKER_PROBLEM: &str = "(CASE \
+    WHEN w.pid <= 0 THEN 'pid is not a process id' \
+    WHEN NOT isfinite(w.started_at) OR NOT isfinite(w.last_seen) \
+      OR w.started_at < '2000-01-01' OR w.last_seen < '2000-01-01' \
+      OR w.started_at > now() + interval '1 hour' OR w.last_seen > now() + interval '1 hour' \
+      THEN 'started_at or last_seen is not a time a process wrote' \
+    WHEN w.live_until IS NOT NULL AND (NOT isfinite(w.live_until) OR w.live_until < '2000-01-01' \
+      OR w.live_until > w.last_seen + interval '31 days') \
+      THEN 'live_until is absurd' END)";
+
+/// Why the `batch_process_config` row `c` (of the process row `w`) cannot
+/// be believed, or NULL: its process row is faulted, its job is no job name,
+/// its settings are no JSON object, its fingerprint is not that of its
+/// settings, or its time is no time a process wrote.
+pub const CONFIG_PROBLEM: &str = "(CASE \
+    WHEN c.job_name !~ '^[a-z0-9]+(-[a-z0-9]+)*$' THEN 'job_name is not a job name' \
+    WHEN jsonb_typeof(c.settings) <> 'object' THEN 'settings are not a JSON object' \
+    WHEN c.fingerprint IS DISTINCT FROM left(md5(c.settings::text), 16) \
+      THEN 'fingerprint is not that of its settings' \
+    WHEN NOT isfinite(c.recorded_at) OR c.recorded_at < '2000-01-01' \
+      OR c.recorded_at > now() + interval '1 hour' THEN 'recorded_at is not a time a process wrote' \
+    END)";
+
+/// A registry row that every view leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RegistryProblem {
+    /// `batch_worker` or `batch_process_config`.
+    pub table: String,
+    pub process_id: String,
+    /// The configuration's job name, for a `batch_process_config` row.
+    pub job_name: Option<String>,
+    pub problem: String,
+}
+
+impl RegistryProblem {
+    /// One line naming the row and why it is left out (unescaped: each
+    /// view escapes it for where it shows it).
+    pub fn describe(&self) -> String {
+        match &self.job_name {
+            Some(job) => format!(
+                "{} row of process {}, job {}: {}",
+                self.table, self.process_id, job, self.problem
+            ),
+            None => format!(
+                "{} row of process {}: {}",
+                self.table, self.process_id, self.problem
+            ),
+        }
+    }
+}
+
+/// At most this many faulted rows are listed; the count says how many.
+const MAX_PROBLEMS: i64 = 50;
+
+/// The registry rows every view leaves out ([`WORKER_PROBLEM`],
+/// [`CONFIG_PROBLEM`]), at most 50, with the total count. A configuration
+/// row of a faulted process is left out with it and not listed again.
+pub async fn registry_problems(pool: &PgPool) -> Result<(Vec<RegistryProblem>, i64), QueueError> {
+    let sql = format!(
+        "WITH p AS ( \
+           SELECT 'batch_worker' AS tbl, w.worker_id::text AS process_id, NULL::text AS job_name, \
+                  {WORKER_PROBLEM} AS problem FROM batch_worker w \
+           UNION ALL \
+           SELECT 'batch_process_config', c.process_id::text, c.job_name::text, {CONFIG_PROBLEM} \
+           FROM batch_process_config c JOIN batch_worker w ON w.worker_id = c.process_id \
+           WHERE {WORKER_PROBLEM} IS NULL) \
+         SELECT tbl, process_id, job_name, problem, count(*) OVER () AS total FROM p \
+         WHERE problem IS NOT NULL ORDER BY process_id, tbl DESC, job_name LIMIT $1"
+    );
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(&sql)
+        .bind(MAX_PROBLEMS)
+        .fetch_all(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    let total = match rows.first() {
+        Some(r) => r.try_get("total")?,
+        None => 0,
+    };
+    let list = rows
+        .iter()
+        .map(|r| {
+            Ok(RegistryProblem {
+                table: r.try_get("tbl")?,
+                process_id: r.try_get("process_id")?,
+                job_name: r.try_get("job_name")?,
+                problem: r.try_get("problem")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
+    Ok((list, total))
 }
 
 /// Counts per job and status, for `status`.
@@ -223,7 +328,7 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
                          AND a.datname = current_database()) AS session_alive,
                extract(epoch FROM j.eff_ttl)::float8 AS ttl_secs
         FROM judged j
-        LEFT JOIN batch_worker w ON w.worker_id = j.lease_owner
+        LEFT JOIN batch_worker w ON w.worker_id = j.lease_owner AND {WORKER_PROBLEM} IS NULL
         WHERE j.is_stale
         ORDER BY j.started_at, j.job_key
         "#
@@ -336,7 +441,9 @@ pub async fn gauges(
             FROM run_jobs WHERE run_jobs.job_name IS NOT NULL
         ), jobs AS (
             SELECT job_name FROM run_jobs WHERE job_name IS NOT NULL
-            UNION SELECT job_name::text FROM batch_process_config
+            UNION SELECT c.job_name::text FROM batch_process_config c
+                  JOIN batch_worker w ON w.worker_id = c.process_id
+                  WHERE {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL
             UNION SELECT unnest($4::text[])
         )
         SELECT f.job_name,

@@ -30,6 +30,13 @@
 //! host, live for `ONE_SHOT_LIVE` (an hour). A failure to register is logged and never stops the
 //! producer.
 //!
+//! Each row records the login that wrote it (`registered_by`, the column's default
+//! `session_user`), and row-level security lets a login other than the tables' owner write only
+//! its own rows (migration 20261208000006); a process whose id another login holds fails to
+//! register (logged) until that row is deleted. Every reader here leaves out the rows that
+//! `queue::WORKER_PROBLEM` and `queue::CONFIG_PROBLEM` fault, the rule every view shares
+//! (`queue::registry_problems` lists them).
+//!
 //! `worker::run` registers at start (a failure is only a warning: the first heartbeat tick
 //! re-registers), the heartbeat loop touches on every tick, and a clean stop deregisters after the
 //! service loops have ended. A SIGKILLed worker never deregisters, so its row keeps its last
@@ -43,6 +50,7 @@ use sqlx::{PgPool, Row};
 
 use crate::config::JobConfig;
 use crate::key::JobName;
+use crate::queue::{CONFIG_PROBLEM, WORKER_PROBLEM};
 
 /// What a registered process does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,13 +275,13 @@ pub struct ConfigDrift {
 /// that differ.
 pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
+    let sql = format!(
         r#"
         WITH live AS (
             SELECT c.process_id, w.role, w.host, c.job_name, c.fingerprint, c.settings
             FROM batch_process_config c
             JOIN batch_worker w ON w.worker_id = c.process_id
-            WHERE w.live_until > now()
+            WHERE w.live_until > now() AND {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL
         ), drifting AS (
             SELECT job_name, count(*) AS n FROM live
             GROUP BY job_name HAVING count(DISTINCT fingerprint) > 1
@@ -295,10 +303,9 @@ pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error
         JOIN drifting d USING (job_name)
         LEFT JOIN keys k USING (job_name)
         ORDER BY l.job_name, l.fingerprint, l.process_id
-        "#,
-    )
-    .fetch_all(stmt.conn())
-    .await?;
+        "#
+    );
+    let rows = crate::db::query(&sql).fetch_all(stmt.conn()).await?;
     stmt.done().await?;
     let mut out: Vec<ConfigDrift> = Vec::new();
     for r in rows {
@@ -325,13 +332,13 @@ pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error
 /// its live processes run (0 when none is live), for the exporter's gauge.
 pub async fn fingerprint_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
+    let sql = format!(
         "SELECT c.job_name, count(DISTINCT c.fingerprint) FILTER (WHERE w.live_until > now()) AS n \
          FROM batch_process_config c JOIN batch_worker w ON w.worker_id = c.process_id \
-         GROUP BY c.job_name ORDER BY c.job_name",
-    )
-    .fetch_all(stmt.conn())
-    .await?;
+         WHERE {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL \
+         GROUP BY c.job_name ORDER BY c.job_name"
+    );
+    let rows = crate::db::query(&sql).fetch_all(stmt.conn()).await?;
     stmt.done().await?;
     rows.iter()
         .map(|r| Ok((r.try_get("job_name")?, r.try_get("n")?)))
@@ -358,18 +365,21 @@ pub struct ProcessView {
 /// with the configuration fingerprints it recorded.
 pub async fn processes(pool: &PgPool) -> Result<Vec<ProcessView>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
+    // A process of a release that recorded no `live_until` is not known to
+    // be live.
+    let sql = format!(
         "SELECT w.worker_id, w.role, w.host, w.pid, w.version, w.started_at, w.last_seen, \
-                (w.live_until > now()) AS live, \
-                COALESCE(array_agg(c.job_name::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{}') AS job_names, \
-                COALESCE(array_agg(c.fingerprint::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{}') AS fingerprints \
-         FROM batch_worker w LEFT JOIN batch_process_config c ON c.process_id = w.worker_id \
+                COALESCE(w.live_until > now(), false) AS live, \
+                COALESCE(array_agg(c.job_name::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{{}}') AS job_names, \
+                COALESCE(array_agg(c.fingerprint::text ORDER BY c.job_name) FILTER (WHERE c.job_name IS NOT NULL), '{{}}') AS fingerprints \
+         FROM batch_worker w LEFT JOIN batch_process_config c \
+           ON c.process_id = w.worker_id AND {CONFIG_PROBLEM} IS NULL \
+         WHERE {WORKER_PROBLEM} IS NULL \
          GROUP BY w.worker_id \
-         ORDER BY (w.live_until > now()) DESC, w.last_seen DESC, w.worker_id \
-         LIMIT 1000",
-    )
-    .fetch_all(stmt.conn())
-    .await?;
+         ORDER BY COALESCE(w.live_until > now(), false) DESC, w.last_seen DESC, w.worker_id \
+         LIMIT 1000"
+    );
+    let rows = crate::db::query(&sql).fetch_all(stmt.conn()).await?;
     stmt.done().await?;
     rows.iter()
         .map(|r| {
@@ -398,15 +408,16 @@ pub async fn recorded_settings(
     job: &JobName,
 ) -> Result<Option<serde_json::Value>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
-    let settings = crate::db::query_scalar(
+    let sql = format!(
         "SELECT c.settings FROM batch_process_config c \
          JOIN batch_worker w ON w.worker_id = c.process_id \
-         WHERE c.job_name = $1 \
-         ORDER BY (w.role = 'producer') DESC, c.recorded_at DESC LIMIT 1",
-    )
-    .bind(job.as_str())
-    .fetch_optional(stmt.conn())
-    .await?;
+         WHERE c.job_name = $1 AND {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL \
+         ORDER BY (w.role = 'producer') DESC, c.recorded_at DESC LIMIT 1"
+    );
+    let settings = crate::db::query_scalar(&sql)
+        .bind(job.as_str())
+        .fetch_optional(stmt.conn())
+        .await?;
     stmt.done().await?;
     Ok(settings)
 }
