@@ -535,36 +535,25 @@ async fn one_bad_registry_row_is_reported_and_never_takes_a_view_down() {
     assert!(page.contains("Registry rows left out: 4"), "{page}");
 }
 
-/// What `batchonce roles --apply` does for ending sessions once the roles
-/// change of issue 42 (src/ops/roles.rs) is in: the operator and console
-/// roles lose `pg_signal_backend`; a role no login holds, which has it (and
-/// reads other roles' sessions), owns `batchonce_operator_terminate`; the
-/// operator and console execute it and the audit function. Repeatable, so
-/// it is harmless once `roles --apply` does it itself.
-async fn apply_guard(db: &TestDb, logins: &common::logins::Logins) {
-    let (o, c, g) = (
-        logins.role("operator"),
-        logins.role("console"),
-        logins.role("guard"),
-    );
-    for stmt in [
-        format!("REVOKE pg_signal_backend FROM {o}, {c}"),
-        format!(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{g}') THEN \
-             CREATE ROLE {g} NOLOGIN; END IF; END $$"
-        ),
-        format!("GRANT pg_signal_backend, pg_read_all_stats TO {g}"),
-        format!("GRANT USAGE ON SCHEMA public TO {g}"),
-        format!("GRANT SELECT ON batch_job_run, batch_job_attempt, batch_fence_held TO {g}"),
-        format!("GRANT SELECT, INSERT ON batch_operator_action TO {g}"),
-        format!("ALTER FUNCTION batchonce_operator_terminate(bigint) OWNER TO {g}"),
-        format!(
-            "GRANT EXECUTE ON FUNCTION batchonce_operator_terminate(bigint), \
-             batchonce_operator_audit_terminate_sessions(text, text, text, text, integer[], timestamptz[]) \
-             TO {o}, {c}"
-        ),
-    ] {
-        sqlx::query(&stmt).execute(&db.pool).await.unwrap();
+/// `roles --apply` has made the terminator, a role no login holds, the
+/// owner of the audited end of a session, and taken pg_signal_backend from
+/// the operator and the console.
+async fn assert_terminator_owns_the_end_of_sessions(db: &TestDb, logins: &common::logins::Logins) {
+    let owner: String = sqlx::query_scalar(
+        "SELECT proowner::regrole::text FROM pg_proc WHERE proname = 'batchonce_operator_terminate'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(owner, logins.role("terminator"));
+    for part in ["operator", "console"] {
+        let signals: bool =
+            sqlx::query_scalar("SELECT pg_has_role($1, 'pg_signal_backend', 'MEMBER')")
+                .bind(logins.role(part))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert!(!signals, "{part} may still signal any session");
     }
 }
 
@@ -592,7 +581,7 @@ async fn alive(pool: &PgPool, pid: i32) -> bool {
 async fn an_operator_ends_only_an_audited_fence_holder_of_its_run() {
     let db = TestDb::empty().await;
     let logins = common::logins::Logins::apply(BIN, &db, common::samples_config()).await;
-    apply_guard(&db, &logins).await;
+    assert_terminator_owns_the_end_of_sessions(&db, &logins).await;
     let worker = batchonce::db::connect(&logins.url("worker"), "fence-holder", 2)
         .await
         .unwrap();
