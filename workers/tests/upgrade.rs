@@ -338,11 +338,25 @@ async fn held_mid_run(pool: &PgPool, owner: &str, legacy_only: bool) -> Option<(
     } else {
         ""
     };
+    // Items name their attempt by number from this release's schema on
+    // (migration 20261208100001); before it, by the attempt's token.
+    let migrated: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+           WHERE table_name = 'settlement_item' AND column_name = 'attempt')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mine = if migrated {
+        "i.attempt = r.attempts"
+    } else {
+        "i.lease_token = r.lease_token"
+    };
     sqlx::query_as(&format!(
         "SELECT r.job_key, r.lease_token FROM batch_job_run r \
          WHERE r.status = 'RUNNING' AND r.lease_owner = $1 {legacy} \
            AND (SELECT count(*) FROM settlement_item i \
-                WHERE i.job_key = r.job_key AND i.lease_token = r.lease_token) \
+                WHERE i.job_key = r.job_key AND {mine}) \
                BETWEEN $2 AND $3 \
          LIMIT 1"
     ))
@@ -458,7 +472,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     // on a loaded machine could cost old-0 the lease, which it would then
     // take back, so any attempt of old-0 counts.)
     let by_old_0 = "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-                    ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+                    ON a.job_key = i.job_key AND a.attempt = i.attempt \
                     WHERE a.worker_id = 'old-0'";
     let before = scalar(d.pool(), by_old_0).await;
     assert!(before >= MID_RUN, "old-0's items under token {token}");
@@ -517,7 +531,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
             scalar(
                 d.pool(),
                 "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-                 ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+                 ON a.job_key = i.job_key AND a.attempt = i.attempt \
                  WHERE a.worker_id = 'new-1'",
             )
             .await
@@ -542,7 +556,10 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     assert!(!has_context(d.pool(), &key_a).await);
     let items_a = scalar(
         d.pool(),
-        &format!("SELECT count(*) FROM settlement_item WHERE lease_token = {token_a}"),
+        &format!(
+            "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
+             ON a.job_key = i.job_key AND a.attempt = i.attempt WHERE a.lease_token = {token_a}"
+        ),
     )
     .await;
     assert!(items_a >= MID_RUN, "old-0 had not written into {key_a}");
@@ -914,7 +931,7 @@ async fn check_settlement(pool: &PgPool, days: usize) {
         pool,
         "SELECT split_part(a.worker_id, '-', 1), count(*), count(DISTINCT i.job_key) \
          FROM settlement_item i JOIN batch_job_attempt a \
-           ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+           ON a.job_key = i.job_key AND a.attempt = i.attempt \
          GROUP BY 1 ORDER BY 1",
     )
     .await;
