@@ -189,7 +189,10 @@ async fn item_writes_need_the_fence_of_their_own_run() {
             .fetch_one(&rig.db.pool)
             .await
             .unwrap();
-    assert_eq!((key.as_str(), attempt), (held.key.as_str(), Some(held.attempt)));
+    assert_eq!(
+        (key.as_str(), attempt),
+        (held.key.as_str(), Some(held.attempt))
+    );
     let summary_key: Option<String> = sqlx::query_scalar(
         "SELECT job_key::text FROM settlement_summary WHERE business_date = '2026-09-16'",
     )
@@ -283,7 +286,9 @@ async fn no_role_reads_a_live_token_anywhere() {
     .unwrap();
     assert_eq!(live.len(), 2);
     let mut found = Vec::new();
-    for part in ["worker", "producer", "operator", "readonly", "console", "program"] {
+    for part in [
+        "worker", "producer", "operator", "readonly", "console", "program",
+    ] {
         let role = rig.logins.role(part);
         let columns: Vec<(String, String)> = sqlx::query_as(
             "SELECT c.relname::text, a.attname::text FROM pg_class c \
@@ -305,21 +310,29 @@ async fn no_role_reads_a_live_token_anywhere() {
             .await
             .unwrap();
             if n > 0 {
-                found.push(format!("{part} reads {n} live token(s) in {table}.{column}"));
+                found.push(format!(
+                    "{part} reads {n} live token(s) in {table}.{column}"
+                ));
             }
         }
     }
     assert!(found.is_empty(), "{found:#?}");
 
     // Asking for the token columns is refused outright.
-    for part in ["worker", "producer", "operator", "readonly", "console", "program"] {
+    for part in [
+        "worker", "producer", "operator", "readonly", "console", "program",
+    ] {
         let pool = rig.logins.pool(part).await;
         for table in ["batch_job_run", "batch_job_attempt"] {
             let e = sqlx::query(&format!("SELECT lease_token FROM {table}"))
                 .execute(&pool)
                 .await
                 .unwrap_err();
-            assert_eq!(sqlstate(&e), "42501", "{part} reads {table}.lease_token: {e}");
+            assert_eq!(
+                sqlstate(&e),
+                "42501",
+                "{part} reads {table}.lease_token: {e}"
+            );
         }
         pool.close().await;
     }
@@ -471,9 +484,13 @@ async fn a_fenced_commit_extends_the_lease_by_the_runs_own_length() {
     );
     let e = commit(30.0, -1_000_000, None).await.unwrap_err();
     assert_eq!(sqlstate(&e), "22023", "{e}");
-    let e = commit(30.0, 1, Some(chrono::Utc::now() + chrono::Duration::days(365_000)))
-        .await
-        .unwrap_err();
+    let e = commit(
+        30.0,
+        1,
+        Some(chrono::Utc::now() + chrono::Duration::days(365_000)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(sqlstate(&e), "42501", "{e}");
 }
 
@@ -500,9 +517,10 @@ async fn a_first_fence_sweeps_the_records_of_gone_sessions() {
     let mut tx = worker.begin().await.unwrap();
     fence_open(&mut tx, &held).await;
     tx.commit().await.unwrap();
-    let left: Vec<String> = sqlx::query_scalar("SELECT job_key::text FROM batch_fence_held ORDER BY 1")
-        .fetch_all(owner)
-        .await
-        .unwrap();
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT job_key::text FROM batch_fence_held ORDER BY 1")
+            .fetch_all(owner)
+            .await
+            .unwrap();
     assert_eq!(left, vec![held.key.clone(), "live:2026-09-01".to_owned()]);
 }
