@@ -315,10 +315,9 @@ impl<Args: DeserializeOwned + Send + Sync + 'static> Job for Bridge<Args> {
         let reply = Reply(Arc::new(Mutex::new(Some(tx))));
         let task = TaskBuilder::new(args)
             // One id per lease: apalis may refuse a task id it has seen.
-            .task_id(TaskId::from_string(format!(
-                "{}@{}",
-                ctx.key, ctx.lease_token
-            )))
+            // Every claim numbers a new attempt, so the attempt names the
+            // lease; the token, a capability, never leaves the context.
+            .task_id(TaskId::from_string(format!("{}@{}", ctx.key, ctx.attempt)))
             // apalis adds one when the handler starts, so it sees our attempt.
             .attempt(ctx.attempt.saturating_sub(1).max(0) as usize)
             .max_attempts(ctx.config.max_attempts as usize)

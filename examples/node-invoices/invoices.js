@@ -45,7 +45,7 @@ batchonce.run(async (ctx) => {
              SELECT customer_id, plan_minor FROM subscription
              WHERE customer_id > $1 ORDER BY customer_id LIMIT $2
            ), ins AS (
-             INSERT INTO invoice (business_date, customer_id, amount_minor, job_key, lease_token)
+             INSERT INTO invoice (business_date, customer_id, amount_minor, job_key, attempt)
              SELECT $3, customer_id, plan_minor, $4, $5 FROM chunk
              ON CONFLICT ON CONSTRAINT invoice_once DO NOTHING
              RETURNING 1
@@ -53,7 +53,7 @@ batchonce.run(async (ctx) => {
            SELECT (SELECT max(customer_id) FROM chunk) AS last,
                   (SELECT count(*) FROM chunk)::int AS scanned,
                   (SELECT count(*) FROM ins)::int AS inserted`,
-          [after, chunk, date, ctx.key, ctx.leaseToken],
+          [after, chunk, date, ctx.key, ctx.attempt],
         );
         tx.progress(res.rows[0].inserted);
         return res.rows[0];

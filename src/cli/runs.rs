@@ -377,11 +377,9 @@ fn print_show(
     }
     match (&run.lease_owner, run.status.as_str()) {
         (Some(o), "RUNNING") => {
-            let holder = format!(
-                "held by {}, token {}",
-                esc(o),
-                run.lease_token.unwrap_or_default()
-            );
+            // The attempt, never the token: a token is the capability to
+            // change the run, for its holder alone.
+            let holder = format!("held by {}, attempt {}", esc(o), run.attempts);
             match run.lease_expires_at {
                 Some(t) if t <= now => field(
                     "lease",
@@ -415,7 +413,6 @@ fn print_show(
         let mut t = Table::new(&[
             ("#", Align::Right),
             ("WORKER", Align::Left),
-            ("TOKEN", Align::Right),
             ("OUTCOME", Align::Left),
             ("PROCESSED", Align::Right),
             ("FAILED", Align::Right),
@@ -427,7 +424,6 @@ fn print_show(
             t.row(vec![
                 a.attempt.to_string(),
                 esc(&a.worker_id).into_owned(),
-                a.lease_token.to_string(),
                 esc(a.outcome.as_deref().unwrap_or("running")).into_owned(),
                 a.processed_count.to_string(),
                 a.failed_count.to_string(),

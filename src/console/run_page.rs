@@ -139,8 +139,7 @@ async fn render(
             }
             @if run.status == "RUNNING" {
                 tr { th { "Lease" } td {
-                    (run.lease_owner.as_deref().unwrap_or("—")) ", token "
-                    (run.lease_token.map(|t| t.to_string()).unwrap_or_else(|| "—".into()))
+                    (run.lease_owner.as_deref().unwrap_or("—")) ", attempt " (run.attempts)
                     ", expires " (at_opt(run.lease_expires_at))
                     ", last heartbeat " (at_opt(run.heartbeat_at))
                 } }
@@ -162,7 +161,7 @@ async fn render(
             div {
                 h3 { "Attempt " (t.attempt) " — " (t.outcome.as_deref().unwrap_or("running")) }
                 p {
-                    "Worker " code { (t.worker_id) } ", token " code { (t.lease_token) } ", "
+                    "Worker " code { (t.worker_id) } ", "
                     (at(t.started_at)) " → " (at_opt(t.finished_at))
                     @if let Some(f) = t.finished_at { " (" (age((f - t.started_at).num_milliseconds() as f64 / 1000.0)) ")" }
                     ", " (t.processed_count) " items, " (t.failed_count) " failed"

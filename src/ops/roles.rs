@@ -263,6 +263,13 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         }
     }
     let mut on_tables_after = vec![
+        "-- A lease token is the capability to change a run: every column of runs and attempts but the token.".to_owned(),
+        format!("REVOKE SELECT ON {}, {} FROM {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
+        format!(
+            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY['{s}.batch_job_run', '{s}.batch_job_attempt']::regclass[] LOOP \
+             EXECUTE format('GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}', (SELECT string_agg(quote_ident(attname), ', ') FROM pg_attribute \
+             WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> 'lease_token'), t); END LOOP; END $cols$"
+        ),
         "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
         format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
         "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
@@ -291,6 +298,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
             format!("REVOKE INSERT, UPDATE ON {} FROM {w}", table(AUDIT_TABLE)),
             format!("GRANT INSERT ON {} TO {p}", table("batch_job_run")),
             format!("GRANT UPDATE ON {}, {} TO {w}, {o}", table("batch_job_run"), table("batch_job_attempt")),
+            format!("GRANT SELECT ON {}, {} TO {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
             format!("GRANT INSERT ON {} TO {o}", table(AUDIT_TABLE)),
             format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {p}, {o}"),
         ]);

@@ -1,5 +1,8 @@
 //! Read views of single runs for inspection: `runs list`, `runs show` and
-//! a run's audited operator history. Reads only; nothing here writes.
+//! a run's audited operator history. Reads only; nothing here writes, and
+//! nothing here reads a lease token: a token is the capability to change a
+//! run, and the roles that inspect runs may not read it (`batchonce roles`);
+//! an attempt is named by its number.
 //!
 //! - `list_runs`, `show_run` and `status` serve inspection. `actions` lists a run's rows of
 //!   `batch_operator_action`, oldest first, for `runs show`.
@@ -23,7 +26,6 @@ pub struct RunView {
     pub max_attempts: i32,
     pub next_run_at: DateTime<Utc>,
     pub lease_owner: Option<String>,
-    pub lease_token: Option<i64>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub heartbeat_at: Option<DateTime<Utc>>,
     pub enqueued_at: DateTime<Utc>,
@@ -60,7 +62,6 @@ fn serialize_context<S: serde::Serializer>(
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct AttemptView {
     pub attempt: i32,
-    pub lease_token: i64,
     pub worker_id: String,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -76,7 +77,7 @@ pub struct AttemptView {
 
 pub(super) const RUN_COLUMNS: &str =
     "r.job_key, r.job_name, r.business_date, r.status, r.attempts, \
-    r.max_attempts, r.next_run_at, r.lease_owner, r.lease_token, r.lease_expires_at, \
+    r.max_attempts, r.next_run_at, r.lease_owner, r.lease_expires_at, \
     r.heartbeat_at, r.enqueued_at, r.started_at, r.finished_at, r.processed_count, \
     r.failed_count, r.error_message, now() AS read_at, r.partition_no::int AS partition_no, \
     r.partition_count::int AS partition_count, r.partition_of, r.scope::text AS scope";
@@ -91,7 +92,6 @@ pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
         max_attempts: row.try_get("max_attempts")?,
         next_run_at: row.try_get("next_run_at")?,
         lease_owner: row.try_get("lease_owner")?,
-        lease_token: row.try_get("lease_token")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         heartbeat_at: row.try_get("heartbeat_at")?,
         enqueued_at: row.try_get("enqueued_at")?,
@@ -155,7 +155,7 @@ pub async fn show_run(
     };
     let run = run_from_row(&row)?;
     let attempts = crate::db::query(
-        "SELECT attempt, lease_token, worker_id, started_at, finished_at, outcome, \
+        "SELECT attempt, worker_id, started_at, finished_at, outcome, \
          error_message, processed_count, failed_count, output_tail \
          FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
     )
@@ -166,7 +166,6 @@ pub async fn show_run(
     .map(|r| {
         Ok(AttemptView {
             attempt: r.try_get("attempt")?,
-            lease_token: r.try_get("lease_token")?,
             worker_id: r.try_get("worker_id")?,
             started_at: r.try_get("started_at")?,
             finished_at: r.try_get("finished_at")?,

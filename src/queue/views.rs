@@ -54,7 +54,11 @@ use crate::key::JobName;
 const LIVE: &str = r#"
     t AS (SELECT COALESCE($1, now()) AS now),
     live AS (
-        SELECT r.*,
+        -- Named columns, never r.*: the roles that read these views may
+        -- not read a run's lease token (`batchonce roles`).
+        SELECT r.job_key, r.job_name, r.attempts, r.lease_owner, r.started_at,
+               r.lease_expires_at, r.heartbeat_at, r.processed_count,
+               r.heartbeat_processed,
                COALESCE(r.stale_after, make_interval(secs => $2)) AS eff_stale,
                COALESCE(r.lease_ttl, make_interval(secs => $3)) AS eff_ttl,
                COALESCE(r.on_lease_expiry = 'hold', false) AS eff_hold

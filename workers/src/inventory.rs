@@ -183,7 +183,7 @@ impl Job for InventorySync {
 
 /// The upsert that never moves a level back to an older version.
 const UPSERT: &str = r#"
-    INSERT INTO inventory_level AS l (sku, quantity, source_version, synced_at, job_key, lease_token)
+    INSERT INTO inventory_level AS l (sku, quantity, source_version, synced_at, job_key, attempt)
     SELECT sku, quantity, version, now(), $4, $5
     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS s(sku, quantity, version)
     ON CONFLICT ON CONSTRAINT inventory_level_pkey DO UPDATE
@@ -191,7 +191,7 @@ const UPSERT: &str = r#"
         source_version = EXCLUDED.source_version,
         synced_at = EXCLUDED.synced_at,
         job_key = EXCLUDED.job_key,
-        lease_token = EXCLUDED.lease_token
+        attempt = EXCLUDED.attempt
     WHERE l.source_version < EXCLUDED.source_version
 "#;
 
@@ -205,7 +205,7 @@ async fn upsert_chunk(ctx: &JobContext, levels: &[StockLevel]) -> Result<(), Job
         .bind(&qty)
         .bind(&ver)
         .bind(ctx.key.as_str())
-        .bind(ctx.lease_token)
+        .bind(ctx.attempt)
         .execute(tx.conn())
         .await?
         .rows_affected();
@@ -305,13 +305,21 @@ impl JobDemo for InventorySync {
         .await?;
         // A fresher level than the source already synced for a few SKUs: a
         // run must leave them alone.
+        // Written by no run, so outside any fence: the schema's owner says
+        // so for this transaction alone (`batchonce_unfenced`, migration
+        // 20261208000004); the demo seeds as the owner.
+        let mut tx = pool.begin().await?;
+        batchonce::db::query("SET LOCAL batchonce.unfenced = on")
+            .execute(&mut *tx)
+            .await?;
         batchonce::db::query(
-            "INSERT INTO inventory_level (sku, quantity, source_version, synced_at, job_key, lease_token) \
+            "INSERT INTO inventory_level (sku, quantity, source_version, synced_at, job_key, attempt) \
              SELECT sku, 1, source_version + 1, now(), 'seeded', 0 FROM inventory_source \
              WHERE sku <= 'SKU-00010'",
         )
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(format!(
             "{DEMO_SKUS} SKUs in inventory_source, 10 of them already synced at a newer version"
         ))

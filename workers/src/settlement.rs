@@ -1,7 +1,9 @@
 //! `daily-settlement`: settles the orders paid in one business period (the
 //! instants the run was enqueued with, in the job's time zone then) into one
 //! `settlement_item` per order, then per-merchant totals in
-//! `settlement_summary`. Every write is fenced by the lease token, and the
+//! `settlement_summary`. Every write is fenced by the lease token (and the
+//! database refuses one that is not: `batchonce_require_fence`); rows name
+//! their attempt by number, never by token. The
 //! item key is the order alone (`settlement_item_order_key`): an order is
 //! settled once, ever, whatever run, date or configuration reaches it, and a
 //! retry after a crash resumes without a second row.
@@ -170,7 +172,7 @@ impl Job for DailySettlement {
                     LIMIT $5
                 ), ins AS (
                     INSERT INTO settlement_item
-                        (business_date, order_id, merchant_id, amount_minor, job_key, lease_token)
+                        (business_date, order_id, merchant_id, amount_minor, job_key, attempt)
                     SELECT $6, order_id, merchant_id, amount_minor, $7, $8 FROM chunk
                     ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
                     RETURNING order_id
@@ -206,7 +208,7 @@ impl Job for DailySettlement {
                 .bind(chunk)
                 .bind(ctx.business_date)
                 .bind(ctx.key.as_str())
-                .bind(ctx.lease_token)
+                .bind(ctx.attempt)
                 .bind(count)
                 .bind(no);
             if let Some(m) = merchant {
@@ -274,17 +276,19 @@ async fn summarize(ctx: &JobContext) -> Result<Outcome, JobError> {
     let mut tx = ctx.fenced().await?;
     batchonce::db::query(
         r#"
-        INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor)
-        SELECT business_date, merchant_id, count(*), sum(amount_minor)
+        INSERT INTO settlement_summary (business_date, merchant_id, order_count, total_minor, job_key)
+        SELECT business_date, merchant_id, count(*), sum(amount_minor), $3
         FROM settlement_item WHERE business_date = $1
           AND ($2::bigint IS NULL OR merchant_id = $2)
         GROUP BY business_date, merchant_id
         ON CONFLICT ON CONSTRAINT settlement_summary_pkey DO UPDATE
-        SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor
+        SET order_count = EXCLUDED.order_count, total_minor = EXCLUDED.total_minor,
+            job_key = EXCLUDED.job_key
         "#,
     )
     .bind(ctx.business_date)
     .bind(merchant)
+    .bind(ctx.key.as_str())
     .execute(tx.conn())
     .await?;
     ctx.commit(tx).await?;

@@ -358,15 +358,22 @@ async fn an_order_settled_under_another_date_is_reported_and_not_settled_again()
     let seoul = config(&dir, "seoul.toml", "Asia/Seoul");
     let date = NaiveDate::parse_from_str(DATES[1], "%Y-%m-%d").unwrap();
     common::seed_orders(&db.pool, date, 0, 300).await;
-    // Order 123 of the 16th is already settled under the 15th.
+    // Order 123 of the 16th is already settled under the 15th (written
+    // here by the owner, outside a fence, on purpose).
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL batchonce.unfenced = on")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     sqlx::query(
-        "INSERT INTO settlement_item (business_date, order_id, merchant_id, amount_minor, job_key, lease_token) \
+        "INSERT INTO settlement_item (business_date, order_id, merchant_id, amount_minor, job_key, attempt) \
          SELECT '2026-09-15', order_id, merchant_id, amount_minor, 'daily-settlement:2026-09-15', 1 \
          FROM orders WHERE order_id = 123",
     )
-    .execute(&db.pool)
+    .execute(&mut *tx)
     .await
     .unwrap();
+    tx.commit().await.unwrap();
     run(
         &db,
         &seoul,

@@ -469,8 +469,8 @@ async fn a_sigstopped_lease_holder_is_taken_over_and_its_writes_refused() {
     // takeover and committed after it would pass a check of its start.
     let late: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-           ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
-         WHERE i.lease_token = $1 \
+           ON a.job_key = i.job_key AND a.attempt = i.attempt \
+         WHERE a.lease_token = $1 \
            AND pg_xact_commit_timestamp(i.xmin) > pg_xact_commit_timestamp(a.xmin)",
     )
     .bind(token)
@@ -752,7 +752,7 @@ async fn partition_holders_killed_and_stopped_are_taken_over_alone() {
             sqlx::query_as::<_, (String, i64, String)>(
                 "SELECT r.job_key, r.lease_token, r.partition_of FROM batch_job_run r \
                  WHERE r.status = 'RUNNING' AND r.lease_owner = $1 AND r.partition_of IS NOT NULL \
-                   AND EXISTS (SELECT 1 FROM settlement_item i WHERE i.lease_token = r.lease_token) \
+                   AND EXISTS (SELECT 1 FROM settlement_item i WHERE i.job_key = r.job_key AND i.attempt = r.attempts) \
                  ORDER BY r.job_key LIMIT 1",
             )
             .bind(owner)
@@ -820,8 +820,8 @@ async fn partition_holders_killed_and_stopped_are_taken_over_alone() {
     let late: i64 = rig
         .count(&format!(
             "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-               ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
-             WHERE i.lease_token = {} \
+               ON a.job_key = i.job_key AND a.attempt = i.attempt \
+             WHERE a.lease_token = {} \
                AND pg_xact_commit_timestamp(i.xmin) > pg_xact_commit_timestamp(a.xmin)",
             stopped.1
         ))

@@ -531,7 +531,7 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
         &pool,
         "w1 to hold the run and write items",
         "SELECT count(*) FROM settlement_item i JOIN batch_job_run r USING (job_key) \
-         WHERE r.status = 'RUNNING' AND r.lease_owner = 'w1' AND i.lease_token = r.lease_token",
+         WHERE r.status = 'RUNNING' AND r.lease_owner = 'w1' AND i.job_key = r.job_key AND i.attempt = r.attempts",
         100,
         Duration::from_secs(30),
     )
@@ -774,8 +774,8 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     // its attempt committed (by commit time, not by the transaction's start).
     let late: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-           ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
-         WHERE i.lease_token = $1 AND (a.finished_at IS NULL \
+           ON a.job_key = i.job_key AND a.attempt = i.attempt \
+         WHERE a.lease_token = $1 AND (a.finished_at IS NULL \
            OR pg_xact_commit_timestamp(i.xmin) > pg_xact_commit_timestamp(a.xmin))",
     )
     .bind(token)
@@ -784,7 +784,7 @@ async fn a_worker_host_cut_off_mid_lease_fences_itself_and_is_taken_over() {
     .unwrap();
     assert_eq!(late, 0, "w1 committed after its attempt ended");
     let items_by_w1: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM settlement_item WHERE lease_token = $1")
+        sqlx::query_scalar("SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a ON a.job_key = i.job_key AND a.attempt = i.attempt WHERE a.lease_token = $1")
             .bind(token)
             .fetch_one(&pool)
             .await

@@ -417,9 +417,10 @@ async fn a_sigkilled_worker_process_is_taken_over_with_exact_levels() {
     assert_eq!(processed, 3000);
     let v = inventory::verify(&db.pool).await.unwrap();
     assert!(v.ok, "{}", v.detail);
-    let tokens: i64 = sqlx::query_scalar("SELECT count(DISTINCT lease_token) FROM inventory_level")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let tokens: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT (job_key, attempt)) FROM inventory_level")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(tokens, 2, "both attempts wrote, each its own share");
 }

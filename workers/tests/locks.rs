@@ -66,13 +66,20 @@ impl Rig {
         )
         .unwrap();
         common::seed_orders(&db.pool, date(), 0, ORDERS).await;
+        // Written by the owner outside a fence, on purpose.
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("SET LOCAL batchonce.unfenced = on")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
         sqlx::query(
             "INSERT INTO settlement_summary SELECT $1, m, 0, 0 FROM generate_series(1, 13) m",
         )
         .bind(date())
-        .execute(&db.pool)
+        .execute(&mut *tx)
         .await
         .unwrap();
+        tx.commit().await.unwrap();
         let rig = Self { db, dir, config };
         ok(&rig.run(&["enqueue", "daily-settlement", "--date", "2026-09-15"]));
         rig

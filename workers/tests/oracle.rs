@@ -29,8 +29,16 @@ fn cmd(db: &TestDb, cfg: &Path) -> Command {
     c
 }
 
+/// Runs one statement as the schema's owner outside any fence, on purpose
+/// (`batchonce.unfenced`): the faults are written by hand.
 async fn exec(pool: &PgPool, sql: &str) {
-    sqlx::query(sql).execute(pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL batchonce.unfenced = on")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(sql).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
 }
 
 /// One date settled by a real worker, then stopped: what the oracle sees
@@ -92,7 +100,7 @@ async fn each_fault_written_by_hand_moves_its_own_count() {
     };
 
     // A zombie's write: an item rewritten after its attempt ended has a
-    // commit time after the finish, though its token and created_at are
+    // commit time after the finish, though its attempt and created_at are
     // those of the attempt.
     exec(
         pool,
@@ -109,10 +117,10 @@ async fn each_fault_written_by_hand_moves_its_own_count() {
     );
     assert_eq!(common::items_outside_their_lease(pool, None).await, 1);
 
-    // A token that no attempt of this run held.
+    // An attempt that this run never made.
     exec(
         pool,
-        "UPDATE settlement_item SET lease_token = lease_token + 1 WHERE order_id = 2",
+        "UPDATE settlement_item SET attempt = attempt + 1 WHERE order_id = 2",
     )
     .await;
     let o = common::oracle::settlement(pool).await;

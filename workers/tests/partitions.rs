@@ -260,11 +260,12 @@ async fn a_poisoned_partition_fails_the_run_and_a_rerun_redoes_only_that_partiti
         healthy.iter().all(|r| r.1 == "SUCCEEDED" && r.2 == 1),
         "{runs:?}"
     );
-    let items_before: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT order_id, lease_token FROM settlement_item ORDER BY order_id")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let items_before: Vec<(i64, String, Option<i32>)> = sqlx::query_as(
+        "SELECT order_id, job_key::text, attempt FROM settlement_item ORDER BY order_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
 
     // Fix the data; re-run the run (not the partition): only the FAILED
     // partition runs again, then the final step.
@@ -318,11 +319,12 @@ async fn a_poisoned_partition_fails_the_run_and_a_rerun_redoes_only_that_partiti
         }
     }
     // Nothing the healthy partitions wrote was rewritten.
-    let items_after: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT order_id, lease_token FROM settlement_item ORDER BY order_id")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let items_after: Vec<(i64, String, Option<i32>)> = sqlx::query_as(
+        "SELECT order_id, job_key::text, attempt FROM settlement_item ORDER BY order_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     for item in &items_before {
         assert!(items_after.contains(item), "{item:?} was rewritten");
     }

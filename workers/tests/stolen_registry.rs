@@ -344,13 +344,12 @@ async fn console(pool: PgPool) -> SocketAddr {
     let app = router(
         pool,
         ConsoleOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            users,
             proxy: Some(ProxyAuth {
                 user_header: "x-user".into(),
                 secret: PASSWORD.into(),
             }),
-            secure_cookies: false,
+            secure_cookies: Some(false),
+            ..ConsoleOptions::new("127.0.0.1:0".parse().unwrap(), users)
         },
     )
     .unwrap();

@@ -338,11 +338,25 @@ async fn held_mid_run(pool: &PgPool, owner: &str, legacy_only: bool) -> Option<(
     } else {
         ""
     };
+    // Items name their attempt by number from this release's schema on
+    // (migration 20261208100001); before it, by the attempt's token.
+    let migrated: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+           WHERE table_name = 'settlement_item' AND column_name = 'attempt')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mine = if migrated {
+        "i.attempt = r.attempts"
+    } else {
+        "i.lease_token = r.lease_token"
+    };
     sqlx::query_as(&format!(
         "SELECT r.job_key, r.lease_token FROM batch_job_run r \
          WHERE r.status = 'RUNNING' AND r.lease_owner = $1 {legacy} \
            AND (SELECT count(*) FROM settlement_item i \
-                WHERE i.job_key = r.job_key AND i.lease_token = r.lease_token) \
+                WHERE i.job_key = r.job_key AND {mine}) \
                BETWEEN $2 AND $3 \
          LIMIT 1"
     ))
@@ -453,12 +467,22 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     assert_eq!(report["migrated"], true, "{out}");
     assert_eq!(report["contexts_frozen"], 1, "{out}");
     assert_eq!(report["contexts_left"], 0, "{out}");
+    // The kind's migration rewrote every item that existed (their attempt
+    // in, their token out) in one transaction: the largest group of items
+    // by transaction now, since old-0 commits 20 items a transaction and
+    // had committed at least MID_RUN before the migration.
+    let rewrite: String = sqlx::query_scalar(
+        "SELECT xmin::text FROM settlement_item GROUP BY 1 ORDER BY count(*) DESC LIMIT 1",
+    )
+    .fetch_one(d.pool())
+    .await
+    .unwrap();
     // The old worker goes on under the new schema. (Normally under the same
     // lease; a migration that held its locks for longer than the 2s lease
     // on a loaded machine could cost old-0 the lease, which it would then
     // take back, so any attempt of old-0 counts.)
     let by_old_0 = "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-                    ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+                    ON a.job_key = i.job_key AND a.attempt = i.attempt \
                     WHERE a.worker_id = 'old-0'";
     let before = scalar(d.pool(), by_old_0).await;
     assert!(before >= MID_RUN, "old-0's items under token {token}");
@@ -517,7 +541,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
             scalar(
                 d.pool(),
                 "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
-                 ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+                 ON a.job_key = i.job_key AND a.attempt = i.attempt \
                  WHERE a.worker_id = 'new-1'",
             )
             .await
@@ -542,7 +566,10 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
     assert!(!has_context(d.pool(), &key_a).await);
     let items_a = scalar(
         d.pool(),
-        &format!("SELECT count(*) FROM settlement_item WHERE lease_token = {token_a}"),
+        &format!(
+            "SELECT count(*) FROM settlement_item i JOIN batch_job_attempt a \
+             ON a.job_key = i.job_key AND a.attempt = i.attempt WHERE a.lease_token = {token_a}"
+        ),
     )
     .await;
     assert!(items_a >= MID_RUN, "old-0 had not written into {key_a}");
@@ -619,7 +646,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         "{out}"
     );
 
-    check_settlement(d.pool(), 7).await;
+    check_settlement(d.pool(), 7, &rewrite).await;
     check_runs(d.pool(), &d1, &key_a, &key_b).await;
 
     // Both takeovers happened as arranged: old-0's attempt expired and
@@ -833,7 +860,7 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         let bad = schema_errors(&d.read_log(id));
         assert!(bad.is_empty(), "{id} logged errors:\n{}", bad.join("\n"));
     }
-    check_settlement(d.pool(), 10).await;
+    check_settlement(d.pool(), 10, &rewrite).await;
 }
 
 /// The previous release's `runs list`, `runs show`, `runs stale` and
@@ -858,7 +885,25 @@ fn inspect(d: &Deploy, key: &str) {
 /// The settlement oracle: each source order settled exactly once, under its
 /// own business date in Seoul, with its merchant and amount; per-date and
 /// per-merchant totals equal to the source.
-async fn check_settlement(pool: &PgPool, days: usize) {
+/// `common::items_outside_their_lease`, except that the items the kind's
+/// migration rewrote (those of transaction `rewrite`) need only name an
+/// attempt of their own run: their commit time is the migration's.
+async fn outside_their_lease_but_the_rewrite(pool: &PgPool, rewrite: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT i.*, pg_xact_commit_timestamp(i.xmin) AS committed_at, \
+                                      i.xmin::text = $1 AS rewritten FROM settlement_item i) i \
+         WHERE NOT EXISTS (SELECT 1 FROM batch_job_attempt a \
+           WHERE a.job_key = i.job_key AND a.attempt = i.attempt \
+             AND (i.rewritten OR NOT (i.committed_at IS NULL OR i.committed_at < a.started_at \
+                  OR (a.finished_at IS NOT NULL AND i.committed_at > pg_xact_commit_timestamp(a.xmin)))))",
+    )
+    .bind(rewrite)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn check_settlement(pool: &PgPool, days: usize, rewrite: &str) {
     let not_once = scalar(
         pool,
         "SELECT count(*) FROM orders o \
@@ -907,14 +952,18 @@ async fn check_settlement(pool: &PgPool, days: usize) {
     )
     .await;
     assert_eq!(summary, source, "per-merchant summaries");
-    // Both releases wrote items, each under a token of an open attempt of
-    // the item's own run.
-    assert_eq!(common::items_outside_their_lease(pool, None).await, 0);
+    // Both releases wrote items, each under an open attempt of the item's
+    // own run. The kind's migration 20261208100001 rewrote the items that
+    // existed when it ran (their attempt in, their token out), so those
+    // rows carry its commit time, not their own, which says nothing of the
+    // attempt that wrote them: they must name an attempt of their own run,
+    // and every other item is judged by its commit time as well.
+    assert_eq!(outside_their_lease_but_the_rewrite(pool, rewrite).await, 0);
     let by_release = rows(
         pool,
         "SELECT split_part(a.worker_id, '-', 1), count(*), count(DISTINCT i.job_key) \
          FROM settlement_item i JOIN batch_job_attempt a \
-           ON a.job_key = i.job_key AND a.lease_token = i.lease_token \
+           ON a.job_key = i.job_key AND a.attempt = i.attempt \
          GROUP BY 1 ORDER BY 1",
     )
     .await;

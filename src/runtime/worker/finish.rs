@@ -52,7 +52,7 @@ pub(super) async fn finish_with_retries(
                 info!(
                     job_key = %lease.key, business_date = %lease.business_date,
                     attempt = lease.attempt, worker_id = %shared.opts.worker_id,
-                    lease_token = lease.token, processed = counts.processed,
+                    processed = counts.processed,
                     failed = counts.failed, elapsed_ms, started_at = %started_at.to_rfc3339(),
                     finished_at = %chrono::Utc::now().to_rfc3339(), status = %status,
                     outcome = outcome_name(finish, status), error, "run finished"

@@ -131,7 +131,7 @@ pub(super) async fn heartbeat_loop(
                 }
                 for k in &report.lost {
                     if let Some(h) = held.get(k) {
-                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
+                        warn!(job_key = %k, attempt = h.attempt, outcome = "lease_lost",
                               "heartbeat: lease lost; cancelling the handler");
                         h.lost.cancel();
                         h.cancel.cancel();
@@ -142,7 +142,7 @@ pub(super) async fn heartbeat_loop(
                 warn!(error = %e, "heartbeat failed");
                 for (k, h) in held.iter() {
                     if h.last_ok.elapsed() >= h.lease_ttl && !h.lost.is_cancelled() {
-                        warn!(job_key = %k, lease_token = h.token, outcome = "lease_lost",
+                        warn!(job_key = %k, attempt = h.attempt, outcome = "lease_lost",
                               "no heartbeat within the lease ttl; stopping the handler (self-fencing)");
                         h.lost.cancel();
                         h.cancel.cancel();

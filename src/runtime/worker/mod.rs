@@ -151,6 +151,9 @@ pub struct Shutdown {
 
 struct Held {
     token: i64,
+    /// The attempt's number, which the logs name (never the token: a token
+    /// is the capability to change the run, for this process alone).
+    attempt: i32,
     lease_ttl: Duration,
     /// Set when the lease is gone (taken over, or not renewed within its ttl).
     lost: CancellationToken,
@@ -600,6 +603,7 @@ async fn execute(
             lease.key.clone(),
             Held {
                 token: lease.token,
+                attempt: lease.attempt,
                 lease_ttl: cfg.lease_ttl,
                 lost: lost.clone(),
                 cancel: cancel.clone(),
@@ -625,7 +629,7 @@ async fn execute(
     let started = Instant::now();
     info!(
         job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
-        worker_id = %shared.opts.worker_id, lease_token = lease.token,
+        worker_id = %shared.opts.worker_id,
         "run started"
     );
     let mut handle = tokio::spawn(async move { job.run(&ctx).await });
@@ -701,7 +705,7 @@ async fn execute(
     match finish {
         None => warn!(
             job_key = %lease.key, business_date = %lease.business_date, attempt = lease.attempt,
-            worker_id = %shared.opts.worker_id, lease_token = lease.token,
+            worker_id = %shared.opts.worker_id,
             processed = counts.processed, failed = counts.failed, elapsed_ms,
             outcome = "lease_lost", "run stopped: lease lost, nothing more is written"
         ),
@@ -732,7 +736,7 @@ fn outcome_name(finish: &Finish, status: queue::RunStatus) -> &'static str {
 /// Counts and logs a lease this process held and lost, whatever the cause,
 /// so `batchonce_leases_lost_total` sees every one.
 fn lease_lost(lease: &Lease, cause: &str) {
-    warn!(job_key = %lease.key, attempt = lease.attempt, lease_token = lease.token,
+    warn!(job_key = %lease.key, attempt = lease.attempt,
           outcome = "lease_lost", cause, "lease lost");
     metrics::counter!(telemetry::LEASES_LOST, "job" => lease.job.to_string()).increment(1);
 }
@@ -751,7 +755,7 @@ async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blocker
     {
         Ok(Ok(ended)) if ended.is_empty() => {}
         Ok(Ok(ended)) => warn!(
-            job_key = %lease.key, lease_token = lease.token,
+            job_key = %lease.key, attempt = lease.attempt,
             pids = %ended.iter().map(|e| e.pid.to_string()).collect::<Vec<_>>().join(","),
             waiting_on = %ended.iter().filter_map(|e| e.waiting_on.as_deref()).collect::<Vec<_>>().join("; "),
             "abandoned handler: ended its own blocked database session(s), which held the run's row"

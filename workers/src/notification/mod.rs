@@ -392,7 +392,7 @@ async fn claim_deliveries(ctx: &JobContext, part: Option<(i32, i32)>) -> Result<
             ), ins AS (
                 INSERT INTO notification_delivery AS d
                     (business_date, campaign, customer_id, channel, address, body, request_id,
-                     idempotency_key, job_key, lease_token)
+                     idempotency_key, job_key, attempt)
                 SELECT business_date, campaign, customer_id, channel, address, body, request_id,
                        {IDEMPOTENCY_KEY_SQL}, $4, $5
                 FROM latest
@@ -405,7 +405,7 @@ async fn claim_deliveries(ctx: &JobContext, part: Option<(i32, i32)>) -> Result<
                     request_id = EXCLUDED.request_id,
                     state = 'pending',
                     job_key = EXCLUDED.job_key,
-                    lease_token = EXCLUDED.lease_token,
+                    attempt = EXCLUDED.attempt,
                     updated_at = now()
                 WHERE d.state = 'failed'
                   AND (d.address, d.body) IS DISTINCT FROM (EXCLUDED.address, EXCLUDED.body)
@@ -419,7 +419,7 @@ async fn claim_deliveries(ctx: &JobContext, part: Option<(i32, i32)>) -> Result<
         .bind(after)
         .bind(chunk)
         .bind(ctx.key.as_str())
-        .bind(ctx.lease_token)
+        .bind(ctx.attempt)
         .bind(count)
         .bind(no)
         .fetch_one(tx.conn())
@@ -610,7 +610,7 @@ async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
             attempts = d.attempts + 1,
             sent_at = CASE WHEN u.state = 'sent' THEN now() ELSE d.sent_at END,
             job_key = $5,
-            lease_token = $6,
+            attempt = $6,
             updated_at = now()
         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(id, state, message_id, error)
         WHERE d.delivery_id = u.id AND d.state = 'pending'
@@ -622,7 +622,7 @@ async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
     .bind(&message_ids)
     .bind(&errors)
     .bind(ctx.key.as_str())
-    .bind(ctx.lease_token)
+    .bind(ctx.attempt)
     .fetch_all(tx.conn())
     .await?;
     let replayed = results

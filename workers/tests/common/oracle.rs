@@ -30,7 +30,7 @@ pub struct Settled {
     /// partition, or that a scoped run wrote for a merchant its scope does
     /// not name.
     pub wrong_run: i64,
-    /// Items whose token is not the token of an attempt of their own run.
+    /// Items that name no attempt of their own run (by `(job_key, attempt)`).
     pub foreign_token: i64,
     /// Items committed before their attempt began or after the transaction
     /// that ended it (a takeover, a release, a finish) committed.
@@ -83,8 +83,8 @@ fn assert_commit_times(on: &str) {
     );
 }
 
-/// Settlement items (of run `key`, or of every run) that do not carry the
-/// token of an attempt of their own run, or that committed while that
+/// Settlement items (of run `key`, or of every run) that do not name an
+/// attempt of their own run, or that committed while that
 /// attempt did not hold the lease: what no fault may ever produce.
 pub async fn items_outside_their_lease(pool: &PgPool, key: Option<&str>) -> i64 {
     assert_commit_times(&commit_times(pool).await);
@@ -92,7 +92,7 @@ pub async fn items_outside_their_lease(pool: &PgPool, key: Option<&str>) -> i64 
         "SELECT count(*) FROM (SELECT i.*, pg_xact_commit_timestamp(i.xmin) AS committed_at \
            FROM settlement_item i WHERE $1::text IS NULL OR i.job_key = $1) i \
          WHERE NOT EXISTS (SELECT 1 FROM batch_job_attempt a \
-           WHERE a.job_key = i.job_key AND a.lease_token = i.lease_token AND NOT {OUTSIDE_ATTEMPT})"
+           WHERE a.job_key = i.job_key AND a.attempt = i.attempt AND NOT {OUTSIDE_ATTEMPT})"
     );
     sqlx::query_scalar(&sql)
         .bind(key)
@@ -155,9 +155,9 @@ pub async fn settlement(pool: &PgPool) -> Settled {
                          AND batchonce_partition(i.order_id::text, p.partition_count) = p.partition_no)))),
           (SELECT count(*) FROM items i
             WHERE NOT EXISTS (SELECT 1 FROM batch_job_attempt a
-              WHERE a.job_key = i.job_key AND a.lease_token = i.lease_token)),
+              WHERE a.job_key = i.job_key AND a.attempt = i.attempt)),
           (SELECT count(*) FROM items i JOIN batch_job_attempt a
-             ON a.job_key = i.job_key AND a.lease_token = i.lease_token
+             ON a.job_key = i.job_key AND a.attempt = i.attempt
             WHERE OUTSIDE_ATTEMPT),
           (SELECT count(*) FROM (
              SELECT business_date, merchant_id, count(*) AS n, sum(amount_minor) AS total
