@@ -319,9 +319,43 @@ pub fn connect_lazy(url: &str, application_name: &str, max: u32) -> Result<PgPoo
 /// Applies the engine's migrations and each job kind's as one ordered set, so
 /// sqlx's bookkeeping table validates all of them (a missing or edited
 /// migration is an error, never silently skipped).
+///
+/// A migration that changes a table the previous release's running workers
+/// use can lose a deadlock against one of them (a rolling upgrade migrates
+/// under running workers). PostgreSQL then rolls that migration back whole,
+/// since each runs in one transaction, so the pending migrations are run
+/// again, a few times, on a fresh session: the one that failed still holds
+/// sqlx's advisory lock, and closing it lets the lock go.
 pub async fn migrate(pool: &PgPool, kinds: &[&'static Migrator]) -> Result<(), DbError> {
-    combined(kinds).run(pool).await?;
-    Ok(())
+    let migrator = combined(kinds);
+    let mut lost = 0u64;
+    loop {
+        let mut conn = pool.acquire().await?;
+        match migrator.run(&mut *conn).await {
+            Ok(()) => return Ok(()),
+            Err(e) if lost < 5 && lost_a_deadlock(&e) => {
+                lost += 1;
+                conn.close_on_drop();
+                drop(conn);
+                tokio::time::sleep(Duration::from_millis(100 * lost)).await;
+            }
+            Err(e) => {
+                conn.close_on_drop();
+                return Err(e.into());
+            }
+        }
+    }
+}
+
+/// Whether a migration failed because PostgreSQL chose it as a deadlock's
+/// victim (SQLSTATE 40P01).
+fn lost_a_deadlock(e: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    let inner = match e {
+        MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) => e,
+        _ => return false,
+    };
+    matches!(inner, sqlx::Error::Database(d) if d.code().as_deref() == Some("40P01"))
 }
 
 /// The engine's migrations and the job kinds', sorted by version.

@@ -266,9 +266,10 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         "-- A lease token is the capability to change a run: every column of runs and attempts but the token.".to_owned(),
         format!("REVOKE SELECT ON {}, {} FROM {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
         format!(
-            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY['{s}.batch_job_run', '{s}.batch_job_attempt']::regclass[] LOOP \
-             EXECUTE format('GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}', (SELECT string_agg(quote_ident(attname), ', ') FROM pg_attribute \
-             WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> 'lease_token'), t); END LOOP; END $cols$"
+            // Dollar quotes: every statement here runs inside EXECUTE '…'.
+            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY[to_regclass($t${s}.batch_job_run$t$), to_regclass($t${s}.batch_job_attempt$t$)] LOOP \
+             EXECUTE format($f$GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}$f$, (SELECT string_agg(quote_ident(attname), $j$, $j$) FROM pg_attribute \
+             WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> $n$lease_token$n$), t); END LOOP; END $cols$"
         ),
         "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
         format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
