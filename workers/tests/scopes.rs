@@ -77,7 +77,7 @@ async fn states(pool: &PgPool) -> Vec<(String, i64)> {
 /// rewrite, even of equal values, changes `xmin`.
 async fn written(pool: &PgPool) -> (Vec<(i64, String, i64, String)>, Vec<(i64, String)>) {
     let items = sqlx::query_as(
-        "SELECT order_id, job_key, lease_token, xmin::text FROM settlement_item ORDER BY order_id",
+        "SELECT order_id, job_key, attempt::int8, xmin::text FROM settlement_item ORDER BY order_id",
     )
     .fetch_all(pool)
     .await
