@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use batchonce::testing::TestDb;
 use chrono::NaiveDate;
@@ -47,13 +47,7 @@ impl Rig {
 }
 
 fn cli(url: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .env("DATABASE_URL", url)
-        .env("BATCHONCE_CONFIG", common::samples_config())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    common::logins::run(BIN, url, common::samples_config(), args)
 }
 
 fn text(out: &Output) -> String {

@@ -29,13 +29,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const PASSWORD: &str = "registry-test-password";
 
 fn run(url: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .env("DATABASE_URL", url)
-        .env("BATCHONCE_CONFIG", common::samples_config())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    common::logins::run(BIN, url, common::samples_config(), args)
 }
 
 fn text(out: &Output) -> String {

@@ -85,7 +85,8 @@ fn ok(out: Output) {
     );
 }
 
-fn run(bin: &str, url: &str, config: &std::path::Path, args: &[&str]) -> Output {
+/// Runs `bin args` with `url` as its database and `config` as its file.
+pub fn run(bin: &str, url: &str, config: &std::path::Path, args: &[&str]) -> Output {
     Command::new(bin)
         .env("DATABASE_URL", url)
         .env("BATCHONCE_CONFIG", config)
