@@ -190,9 +190,11 @@ pub async fn wait_for_status(
     .await
 }
 
-/// Every PENDING run listed in `batch_job_due` and every RUNNING run in
-/// `batch_job_running`, and nothing else listed (migration
-/// 20261207000001): panics naming the runs out of step. Stale entries
+/// Every PENDING run listed in `batch_job_due`, every RUNNING run in
+/// `batch_job_running` and every FAILED run in `batch_job_failed`, and
+/// nothing else listed (migrations 20261207000001 and 20261209000001), and
+/// `batch_job_tally` summing to the SUCCEEDED and SKIPPED runs of each job:
+/// panics naming the runs or counts out of step. Stale entries
 /// would be harmless (every reader checks the run row), but they mean a
 /// writer forgot its lists, and a forgotten PENDING run is never claimed.
 pub async fn assert_lists_in_step(pool: &PgPool) {
@@ -216,6 +218,30 @@ pub async fn assert_lists_in_step(pool: &PgPool) {
     assert!(
         rows.is_empty(),
         "runs out of step with their lists (list, key, status): {rows:?}"
+    );
+    // The failed list and the tally (migration 20261209000001) against a
+    // count of the whole ledger: the views' counts are exact or wrong.
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT 'failed', r.job_key::text, r.status::text FROM batch_job_run r \
+         WHERE (r.status = 'FAILED') <> EXISTS (SELECT FROM batch_job_failed f \
+               WHERE f.job_key = r.job_key AND f.job_name = r.job_name \
+                 AND f.business_date = r.business_date) \
+         UNION ALL SELECT 'failed', f.job_key::text, 'no run' FROM batch_job_failed f \
+         WHERE NOT EXISTS (SELECT FROM batch_job_run r WHERE r.job_key = f.job_key) \
+         UNION ALL SELECT 'tally', job_name || ' ' || status || CASE WHEN part THEN ' partitions' ELSE '' END, \
+                format('ledger %s, tally %s', sum(ledger), sum(tally)) FROM ( \
+           SELECT job_name::text, status::text, partition_of IS NOT NULL AS part, count(*) AS ledger, \
+                  0 AS tally FROM batch_job_run WHERE status IN ('SUCCEEDED', 'SKIPPED') GROUP BY 1, 2, 3 \
+           UNION ALL SELECT job_name::text, status::text, part, 0, runs FROM batch_job_tally) c \
+         GROUP BY job_name, status, part HAVING sum(ledger) <> sum(tally) \
+         ORDER BY 2 LIMIT 20",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| panic!("reading the failed list and the tally: {e}"));
+    assert!(
+        rows.is_empty(),
+        "counts out of step with the ledger (list, key or count, status): {rows:?}"
     );
 }
 

@@ -47,6 +47,8 @@ pub const ENGINE_TABLES: &[&str] = &[
     "batch_operator_action",
     "batch_job_declared",
     "batch_fence_held",
+    "batch_job_failed",
+    "batch_job_tally",
     "_sqlx_migrations",
 ];
 
@@ -68,6 +70,11 @@ const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
 /// Operator functions a later migration adds (with the terminate function),
 /// granted to the operator and console once they exist.
 const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_terminate_sessions"];
+
+/// Worker functions a later migration adds, granted to the worker once they
+/// exist: the fold of the run counts (20261209000001), which every worker's
+/// recovery loop calls.
+const OPTIONAL_WORKER_FUNCTIONS: &[&str] = &["batchonce_fold_tally"];
 
 /// What the terminate function reads: the run, its attempts, the open fences.
 const TERMINATOR_READS: &[&str] = &["batch_job_run", "batch_job_attempt", "batch_fence_held"];
@@ -416,12 +423,14 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20   LOOP\n\
          \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
          \x20   END LOOP;\n\
+         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional_worker}])\n\
+         \x20   LOOP\n\
+         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{w}');\n\
+         \x20   END LOOP;\n\
          \x20   IF terminate_exists THEN\n",
-        optional = OPTIONAL_OPERATOR_FUNCTIONS
-            .iter()
-            .map(|f| format!("'{f}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        optional = quoted(OPTIONAL_OPERATOR_FUNCTIONS),
+        optional_worker = quoted(OPTIONAL_WORKER_FUNCTIONS),
     ));
     for t in TERMINATOR_READS {
         out.push_str(&format!(
@@ -501,6 +510,15 @@ pub async fn apply(
     sqlx::raw_sql(&text).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(text)
+}
+
+/// The names as a list of SQL string literals (constants of this file).
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|f| format!("'{f}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@
 //!   already expired when it finished (accepted, as nobody took the run over, but the worker counts
 //!   it as a lost lease).
 //! - `backoff_delay` computes the retry delay with jitter.
+//! - `fold_tally()` folds the counts the finishes appended (migration 20261209000001); every
+//!   worker's recovery loop calls it.
 //! - `recover_expired(jobs, legacy_retry, clock)` handles lease-expiry recovery for the worker's
 //!   jobs, following each run's stored `on_lease_expiry`; `legacy_retry` (the worker's own `retry`
 //!   jobs) serves only runs without a context. It locks with `FOR UPDATE SKIP LOCKED`, so a run
@@ -268,6 +270,19 @@ pub async fn recover_expired(
             })
         })
         .collect()
+}
+
+/// Folds the rows the finishes appended to `batch_job_tally` into one per
+/// job and outcome (`batchonce_fold_tally`), so the counts every view reads
+/// stay a few rows however many runs finished. The sums do not change;
+/// returns how many rows were folded (0 when another worker is folding).
+pub async fn fold_tally(pool: &PgPool) -> Result<i64, QueueError> {
+    let mut stmt = crate::db::statement(pool).await?;
+    let folded = crate::db::query_scalar("SELECT batchonce_fold_tally()")
+        .fetch_one(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    Ok(folded)
 }
 
 /// Records the last lines a command job's program printed on the attempt

@@ -66,8 +66,8 @@ pub use enqueue::{
     PREFLIGHT_JOB,
 };
 pub use finish::{
-    backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, record_output,
-    recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,
+    backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, fold_tally,
+    record_output, recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,
     MAX_OUTPUT_CHARS,
 };
 pub use lease::{

@@ -117,23 +117,14 @@ pub async fn list_runs(
     scope: Option<&Scope>,
     limit: u32,
 ) -> Result<Vec<RunView>, QueueError> {
-    let sql = format!(
-        "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
-         WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
-           AND ($4::text IS NULL OR r.scope = $4) AND r.partition_of IS NULL \
-         ORDER BY r.business_date DESC, r.job_key LIMIT $3",
-        context::COLUMNS
-    );
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(&sql)
-        .bind(status.map(RunStatus::as_str))
-        .bind(job.map(JobName::as_str))
-        .bind(limit as i64)
-        .bind(scope.map(Scope::as_str))
-        .fetch_all(stmt.conn())
-        .await?;
-    stmt.done().await?;
-    rows.iter().map(run_from_row).collect()
+    // One query for every list, the console's included.
+    let filter = super::RunFilter {
+        job: job.cloned(),
+        status,
+        scope: scope.cloned(),
+        ..Default::default()
+    };
+    super::search_runs(pool, &filter, None, limit).await
 }
 
 /// One run and its attempt history, or `None` if the key is unknown.

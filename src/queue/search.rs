@@ -48,18 +48,47 @@ pub async fn search_runs(
     after: Option<&RunCursor>,
     limit: u32,
 ) -> Result<Vec<RunView>, QueueError> {
-    let sql = format!(
-        "SELECT {RUN_COLUMNS}, {} FROM batch_job_run r \
-         WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.job_name = $2) \
+    // Every filter but the job's; $2 names the job.
+    let filters = "($1::text IS NULL OR r.status = $1) \
            AND ($3::date IS NULL OR r.business_date >= $3) \
            AND ($4::date IS NULL OR r.business_date <= $4) \
            AND ($5::text IS NULL OR strpos(r.job_key, $5) > 0) \
            AND ($6::date IS NULL OR r.business_date < $6 \
                 OR (r.business_date = $6 AND r.job_key > $7)) \
-           AND ($9::text IS NULL OR r.scope = $9) AND r.partition_of IS NULL \
-         ORDER BY r.business_date DESC, r.job_key LIMIT $8",
-        context::COLUMNS
-    );
+           AND ($9::text IS NULL OR r.scope = $9) AND r.partition_of IS NULL";
+    let sql = match filter.status.and_then(open_list) {
+        // Open runs are found through their list, however long the ledger.
+        Some(list) => format!(
+            "SELECT {RUN_COLUMNS}, {ctx} FROM batch_job_run r \
+             WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM {list} o \
+                                          WHERE $2::text IS NULL OR o.job_name = $2)) \
+               AND {filters} \
+             ORDER BY r.business_date DESC, r.job_key LIMIT $8",
+            ctx = context::COLUMNS
+        ),
+        // History, newest first: each job's runs through its
+        // (job_name, business_date) index, at most a page each, so a page
+        // reads about what it shows (and, filtered by a key or a rare
+        // state, what it passes on the way).
+        None => format!(
+            "WITH RECURSIVE run_jobs AS ( \
+               SELECT min(job_name)::text AS job_name FROM batch_job_run WHERE $2::text IS NULL \
+               UNION ALL \
+               SELECT (SELECT min(r.job_name)::text FROM batch_job_run r \
+                       WHERE r.job_name > run_jobs.job_name) \
+               FROM run_jobs WHERE run_jobs.job_name IS NOT NULL \
+             ), jobs AS ( \
+               SELECT $2::text AS job_name WHERE $2::text IS NOT NULL \
+               UNION ALL SELECT job_name FROM run_jobs WHERE job_name IS NOT NULL \
+             ) \
+             SELECT x.* FROM jobs j CROSS JOIN LATERAL ( \
+               SELECT {RUN_COLUMNS}, {ctx} FROM batch_job_run r \
+               WHERE r.job_name = j.job_name AND {filters} \
+               ORDER BY r.business_date DESC, r.job_key LIMIT $8) x \
+             ORDER BY x.business_date DESC, x.job_key LIMIT $8",
+            ctx = context::COLUMNS
+        ),
+    };
     let mut stmt = crate::db::statement(pool).await?;
     let rows = crate::db::query(&sql)
         .bind(filter.status.map(RunStatus::as_str))
@@ -75,6 +104,17 @@ pub async fn search_runs(
         .await?;
     stmt.done().await?;
     rows.iter().map(run_from_row).collect()
+}
+
+/// The list that holds every run of an open state (migrations
+/// 20261207000001 and 20261209000001), or `None` for a finished one.
+fn open_list(status: RunStatus) -> Option<&'static str> {
+    match status {
+        RunStatus::Pending => Some("batch_job_due"),
+        RunStatus::Running => Some("batch_job_running"),
+        RunStatus::Failed => Some("batch_job_failed"),
+        RunStatus::Succeeded | RunStatus::Skipped => None,
+    }
 }
 
 /// The newest run (latest business date, then the greatest key) of each of

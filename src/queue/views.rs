@@ -64,9 +64,11 @@ const LIVE: &str = r#"
                COALESCE(r.on_lease_expiry = 'hold', false) AS eff_hold
         -- The RUNNING runs are listed in batch_job_running; their rows are
         -- the truth, so a listed run that is no longer RUNNING is left out.
-        FROM batch_job_running l
-        JOIN batch_job_run r ON r.job_key = l.job_key
-        WHERE r.status = 'RUNNING'
+        -- An array of keys, not a join: whatever the statistics say, the
+        -- runs are read by key, never the ledger (tests/ledger_views.rs).
+        FROM batch_job_run r
+        WHERE r.job_key = ANY (ARRAY(SELECT l.job_key FROM batch_job_running l))
+          AND r.status = 'RUNNING'
     ), judged AS (
         SELECT live.*, t.now,
                (live.started_at < t.now - live.eff_stale
@@ -85,6 +87,53 @@ fn bind_live<'q>(
         .bind(d.stale_after.as_secs_f64())
         .bind(d.lease_ttl.as_secs_f64())
 }
+
+/// Runs per job, status and kind (`part`: a partition of a partitioned
+/// run), as `counts` (job_name, status, part, n): PENDING, RUNNING and
+/// FAILED runs through their lists (each checked against its run row),
+/// SUCCEEDED and SKIPPED from `batch_job_tally` (migration 20261209000001).
+/// It reads what is open and one row per job and outcome, never the
+/// ledger, and is the one count `status`, the exporter and the console
+/// show. A status without runs has no row.
+const COUNTS: &str = r#"
+    counts AS (
+        SELECT r.job_name::text AS job_name, r.status::text AS status,
+               r.partition_of IS NOT NULL AS part, count(*) AS n
+        FROM batch_job_run r
+        WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM batch_job_due o))
+          AND r.status = 'PENDING' GROUP BY 1, 2, 3
+        UNION ALL
+        SELECT r.job_name::text, r.status::text, r.partition_of IS NOT NULL, count(*)
+        FROM batch_job_run r
+        WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM batch_job_running o))
+          AND r.status = 'RUNNING' GROUP BY 1, 2, 3
+        UNION ALL
+        SELECT r.job_name::text, r.status::text, r.partition_of IS NOT NULL, count(*)
+        FROM batch_job_run r
+        WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM batch_job_failed o))
+          AND r.status = 'FAILED' GROUP BY 1, 2, 3
+        UNION ALL
+        SELECT t.job_name::text, t.status::text, t.part, sum(t.runs)::bigint
+        FROM batch_job_tally t GROUP BY 1, 2, 3 HAVING sum(t.runs) <> 0
+    )
+"#;
+
+/// The open scoped runs (PENDING, RUNNING, FAILED) as `open_scoped`
+/// (job_name, business_date, period): the periods not yet done, read from
+/// the lists.
+const OPEN_SCOPED: &str = r#"
+    open_scoped AS (
+        SELECT r.job_name::text AS job_name, r.business_date,
+               split_part(r.job_key, '@', 1) AS period
+        FROM batch_job_run r
+        WHERE r.job_key = ANY (ARRAY(
+                SELECT d.job_key FROM batch_job_due d WHERE d.scoped
+                UNION SELECT l.job_key FROM batch_job_running l
+                UNION SELECT x.job_key FROM batch_job_failed x))
+          AND r.scope IS NOT NULL AND r.partition_of IS NULL
+          AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
+    )
+"#;
 
 /// Why the `batch_worker` row `w` cannot be believed, or NULL when it can:
 /// a pid that is no process's, a time no process wrote (infinite, before
@@ -225,13 +274,10 @@ pub struct StaleBrief {
 /// and stale runs. The stale runs are [`stale_runs`]'s own answer, so
 /// `status` and `runs stale` cannot disagree.
 pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueError> {
+    let sql =
+        format!("WITH {COUNTS} SELECT job_name, status, part, n AS runs FROM counts ORDER BY 1, 2");
     let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        "SELECT job_name, status, partition_of IS NOT NULL AS part, count(*) AS runs \
-         FROM batch_job_run GROUP BY 1, 2, 3 ORDER BY 1, 2",
-    )
-    .fetch_all(stmt.conn())
-    .await?;
+    let rows = crate::db::query(&sql).fetch_all(stmt.conn()).await?;
     stmt.done().await?;
     let (mut counts, mut partitions) = (Vec::new(), Vec::new());
     for r in &rows {
@@ -250,8 +296,8 @@ pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueErr
     let oldest: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM COALESCE($1, now()) - min(next_run_at))::float8 \
          FROM (SELECT d.next_run_at FROM batch_job_due d \
-               WHERE d.next_run_at <= COALESCE($1, now()) AND EXISTS \
-                 (SELECT FROM batch_job_run r WHERE r.job_key = d.job_key AND r.status = 'PENDING') \
+               WHERE d.next_run_at <= COALESCE($1, now()) \
+                 AND (SELECT r.status FROM batch_job_run r WHERE r.job_key = d.job_key) = 'PENDING' \
                ORDER BY d.next_run_at, d.job_key LIMIT 1) oldest",
     )
     .bind(clock.bind())
@@ -434,7 +480,7 @@ pub async fn gauges(
     let also: Vec<&str> = also.iter().map(JobName::as_str).collect();
     let sql = format!(
         r#"
-        WITH RECURSIVE {LIVE},
+        WITH RECURSIVE {LIVE}, {COUNTS}, {OPEN_SCOPED},
         -- The distinct job names of batch_job_run, one index probe each
         -- (a loose scan of batch_job_run_job_name_idx).
         run_jobs AS (
@@ -451,44 +497,41 @@ pub async fn gauges(
             UNION SELECT unnest($4::text[])
         )
         SELECT f.job_name,
-          (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
-             (SELECT status, count(*) AS n FROM batch_job_run r
-              WHERE r.job_name = f.job_name AND r.partition_of IS NULL GROUP BY status) s) AS runs,
-          (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
-             (SELECT status, count(*) AS n FROM batch_job_run r
-              WHERE r.job_name = f.job_name AND r.partition_of IS NOT NULL GROUP BY status) s)
-            AS partitions,
+          (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{{}}'::jsonb) FROM counts c
+             WHERE c.job_name = f.job_name AND NOT c.part) AS runs,
+          (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{{}}'::jsonb) FROM counts c
+             WHERE c.job_name = f.job_name AND c.part) AS partitions,
           (SELECT coalesce(extract(epoch FROM t.now - min(d.next_run_at)), 0)::float8
              FROM batch_job_due d WHERE d.job_name = f.job_name AND d.next_run_at <= t.now
-              AND EXISTS (SELECT FROM batch_job_run r
-                          WHERE r.job_key = d.job_key AND r.status = 'PENDING')) AS oldest,
+              -- A subquery per entry, not a join: the run by its key.
+              AND (SELECT r.status FROM batch_job_run r WHERE r.job_key = d.job_key)
+                  = 'PENDING') AS oldest,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name AND j.is_stale) AS stale,
-          (SELECT extract(epoch FROM max(finished_at))::float8
-             FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status = 'SUCCEEDED' AND r.partition_of IS NULL) AS last_success,
-          (SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8
-             FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
-          -- A scoped period is done when all of its scopes are: a done
-          -- scope's run counts only if no scope of its period is open (the
-          -- open ones are few, read through the status indexes and hashed).
-          (SELECT extract(epoch FROM max(period_start))::float8
-             FROM batch_job_run r WHERE r.job_name = f.job_name
-              AND status IN ('SUCCEEDED', 'SKIPPED') AND period_start <= t.now
+          -- When the job last succeeded: the newest finish the tally counted.
+          (SELECT extract(epoch FROM max(y.newest_finished_at))::float8
+             FROM batch_job_tally y WHERE y.job_name = f.job_name
+              AND y.status = 'SUCCEEDED' AND NOT y.part) AS last_success,
+          (SELECT coalesce(extract(epoch FROM max(r.finished_at)), 0)::float8
+             FROM batch_job_run r
+             WHERE r.job_key = ANY (ARRAY(SELECT x.job_key FROM batch_job_failed x
+                                          WHERE x.job_name = f.job_name))
+              AND r.status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
+          -- The newest period done on the newest business date with one
+          -- (a job's periods start later as its dates do).
+          (SELECT extract(epoch FROM max(r.period_start))::float8
+             FROM batch_job_run r WHERE r.job_name = f.job_name AND r.business_date = ld.d
+              AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.period_start <= t.now
               AND r.partition_of IS NULL
-              AND (r.scope IS NULL
-                   OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
-                      SELECT o.business_date, split_part(o.job_key, '@', 1)
-                      FROM batch_job_run o
-                      WHERE o.job_name = f.job_name AND o.scope IS NOT NULL
-                        AND o.partition_of IS NULL
-                        AND o.status IN ('PENDING', 'RUNNING', 'FAILED')))) AS last_done,
+              AND (r.scope IS NULL OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
+                   SELECT o.business_date, o.period FROM open_scoped o
+                   WHERE o.job_name = f.job_name))) AS last_done,
           (SELECT coalesce(max(r.attempts), 0)::bigint
-             FROM (SELECT d.job_key FROM batch_job_due d WHERE d.job_name = f.job_name
-                   UNION ALL SELECT l.job_key FROM batch_job_running l
-                   WHERE l.job_name = f.job_name) o
-             JOIN batch_job_run r ON r.job_key = o.job_key
-             WHERE r.status IN ('PENDING', 'RUNNING')) AS attempts,
+             FROM batch_job_run r
+             WHERE r.job_key = ANY (ARRAY(
+                     SELECT d.job_key FROM batch_job_due d WHERE d.job_name = f.job_name
+                     UNION ALL SELECT l.job_key FROM batch_job_running l
+                     WHERE l.job_name = f.job_name))
+               AND r.status IN ('PENDING', 'RUNNING')) AS attempts,
           (SELECT count(*) FROM judged j WHERE j.job_name = f.job_name
               AND j.lease_expires_at <= j.now) AS expired,
           (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
@@ -501,12 +544,26 @@ pub async fn gauges(
                 AND r.partition_of IS NULL AND r.business_date = sd.d
                 AND split_part(r.job_key, '@', 1) = sp.period) AS scope_period
         FROM jobs f CROSS JOIN t
-        -- The newest scoped period: its business date through the
-        -- (job_name, business_date) index, then the greatest period key of
-        -- that date (several for a sub-daily job).
+        -- The newest business date with a period done: the job's runs
+        -- newest first through (job_name, business_date), stopping at the
+        -- first done one (an open scope holds its period back; the open
+        -- scopes are few, read from the lists and hashed).
         LEFT JOIN LATERAL (
-            SELECT max(r.business_date) AS d FROM batch_job_run r
-            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL) sd ON true
+            SELECT r.business_date AS d FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.status IN ('SUCCEEDED', 'SKIPPED')
+              AND r.period_start <= t.now AND r.partition_of IS NULL
+              AND (r.scope IS NULL OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
+                   SELECT o.business_date, o.period FROM open_scoped o
+                   WHERE o.job_name = f.job_name))
+            ORDER BY r.business_date DESC LIMIT 1) ld ON true
+        -- The newest scoped period: its business date through the
+        -- scoped runs' index (an unscoped job has no entry to read), then
+        -- the greatest period key of that date (several for a sub-daily
+        -- job).
+        LEFT JOIN LATERAL (
+            SELECT r.business_date AS d FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
+            ORDER BY r.business_date DESC LIMIT 1) sd ON true
         LEFT JOIN LATERAL (
             SELECT max(split_part(r.job_key, '@', 1)) AS period FROM batch_job_run r
             WHERE r.job_name = f.job_name AND r.scope IS NOT NULL AND r.business_date = sd.d) sp

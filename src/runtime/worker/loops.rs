@@ -15,7 +15,8 @@
 //!   `batchonce_heartbeats_total` or `batchonce_heartbeat_failures_total`;
 //! - a recovery loop running `recover_expired` for job kinds under policy `retry`, every
 //!   `min(lease_ttl) / 2` clamped to 1–15 s, counting each recovered run in
-//!   `batchonce_leases_recovered_total`;
+//!   `batchonce_leases_recovered_total`, and then folding the run counts the finishes appended
+//!   (`queue::fold_tally`);
 //! - a LISTEN loop that reconnects with backoff, on a connection of the main pool or, with
 //!   `--listen-url` (`WorkerOptions::listen_pool`), on a direct connection of its own.
 
@@ -181,6 +182,11 @@ pub(super) async fn rescue_loop(
                 }
             }
             Err(e) => warn!(error = %e, "lease-expiry recovery failed; retrying"),
+        }
+        // The counts every view reads stay a few rows however many runs
+        // this worker finished.
+        if let Err(e) = queue::fold_tally(&pool).await {
+            warn!(error = %e, "folding the run counts failed; retrying");
         }
     }
 }
