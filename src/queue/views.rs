@@ -25,12 +25,16 @@
 //!   every job the database knows (the distinct `job_name`s of `batch_job_run` by a loose index
 //!   scan, those of `batch_process_config`) and each of `also`: runs per status (every `RunStatus`,
 //!   zeros included), the age of the oldest due PENDING run (0 when none), stale runs by the same
-//!   rule as `stale_runs`, the last SUCCEEDED `finished_at` as Unix time (`None` if never), the
+//!   rule as `stale_runs`, when the job last succeeded as Unix time (`None` if never), the
 //!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
 //!   (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every scope of it is done),
 //!   the most `attempts` among PENDING and RUNNING runs, RUNNING runs with an expired lease, and
 //!   the scoped runs of the job's newest scoped period per status with that period's start. A job without runs gets zeros, so the alert rules always
 //!   see a series.
+//! - Every view here costs what is open and what it shows, never the ledger's history
+//!   (`tests/ledger_views.rs`): counts come from the lists of PENDING, RUNNING and FAILED runs and
+//!   from `batch_job_tally` ([`COUNTS`], migration 20261209000001), every run is read by its key,
+//!   and a job's newest done or scoped period by reading its runs newest first.
 //! - The registry's rows are written by every worker and producer login, so one may be absurd
 //!   (issue 42, item 5). [`WORKER_PROBLEM`] and [`CONFIG_PROBLEM`] are the one rule every view
 //!   applies: a row they fault is left out of `status`, `runs stale`, the exporter and the
@@ -449,7 +453,8 @@ pub struct JobGauges {
     pub partitions: Vec<(String, i64)>,
     pub oldest_pending_seconds: f64,
     pub stale: i64,
-    /// When the newest SUCCEEDED run finished; `None` if none ever did.
+    /// When a run of the job last succeeded (counted when it did, so a run
+    /// re-run or archived since still counts); `None` if none ever did.
     pub last_success_unix: Option<f64>,
     /// When the newest of the runs FAILED now failed; 0 when none is.
     pub newest_failure_unix: f64,

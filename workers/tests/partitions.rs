@@ -653,7 +653,9 @@ async fn operator_actions_on_a_run_reach_its_partitions_and_a_partition_is_stale
     assert_eq!(
         audit, 5,
         "one audit row per action, the run's or the partition's"
-    );
+    );    // The counts every view reads followed each action, the run's and its
+    // partitions' (the parent's through the trigger).
+    batchonce::testing::assert_lists_in_step(&db.pool).await;
 }
 
 /// An operator acting on a run while one of its partitions changes state
@@ -709,4 +711,5 @@ async fn an_operator_and_a_finishing_partition_never_deadlock() {
     assert!(done.is_ok(), "{done:?}");
     let states: Vec<String> = rows(&db.pool, KEY).await.into_iter().map(|r| r.1).collect();
     assert_eq!(states, ["FAILED", "SKIPPED", "FAILED"]);
+    batchonce::testing::assert_lists_in_step(&db.pool).await;
 }
