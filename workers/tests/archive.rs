@@ -863,3 +863,48 @@ async fn concurrent_and_interrupted_archives_never_lose_or_double_a_run() {
     );
     assert_lists_in_step(&db.pool).await;
 }
+
+/// A column a later migration adds to the ledger and not to the archive
+/// would be dropped by the copy: the archive refuses instead, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_column_the_archive_does_not_copy_stops_it() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let cfg = config(CONFIG);
+    seed(&db.pool, &cfg, JOB, &[("2026-01-01", "SUCCEEDED")]).await;
+    sqlx::query("ALTER TABLE batch_job_run ADD COLUMN later_column integer")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    match queue::archive(
+        &db.pool,
+        &request("2026-01-02", None, 10),
+        Clock::Db,
+        |_| {},
+    )
+    .await
+    {
+        Err(ArchiveError::Refused(r)) => {
+            assert!(r.0.contains("batch_job_run.later_column"), "{r}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Added to the archive table too, it is still not in the copy.
+    sqlx::query("ALTER TABLE batch_job_run_archive ADD COLUMN later_column integer")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        queue::archive(
+            &db.pool,
+            &request("2026-01-02", None, 10),
+            Clock::Db,
+            |_| {}
+        )
+        .await,
+        Err(ArchiveError::Refused(_))
+    ));
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM batch_job_run_archive").await,
+        0
+    );
+}
