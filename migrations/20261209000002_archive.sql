@@ -59,13 +59,22 @@ ALTER TABLE batch_operator_action DROP CONSTRAINT batch_operator_action_action_c
 -- on purpose: a BEFORE trigger reads the archive before the insert waits on
 -- the unique index for an archive in progress (which is deleting the same
 -- key), so it would let the key in once that archive commits. After the
--- row is inserted, the probe below takes a new snapshot and sees the
--- committed archive. One primary-key probe per inserted run.
+-- rows are inserted, the probe below takes a new snapshot and sees the
+-- committed archive. It runs once per statement, one query over the
+-- inserted rows, without a function call per row: measured on
+-- 10,000 new keys against an archive of 100,000 runs, a row trigger cost
+-- about 6 µs a run (60 ms), this about 2 µs (20 ms), on an insert of about
+-- 470 ms (docs/operations.md).
 CREATE FUNCTION batch_job_run_not_archived() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    v_key text;
 BEGIN
-    IF EXISTS (SELECT FROM batch_job_run_archive a WHERE a.job_key = NEW.job_key) THEN
-        RAISE EXCEPTION 'run % is archived (batchonce runs archive): an archived key is never enqueued again', NEW.job_key
+    SELECT n.job_key INTO v_key FROM batch_job_run_inserted n
+    WHERE EXISTS (SELECT FROM batch_job_run_archive a WHERE a.job_key = n.job_key)
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'run % is archived (batchonce runs archive): an archived key is never enqueued again', v_key
             USING ERRCODE = 'BO011', TABLE = 'batch_job_run', SCHEMA = TG_TABLE_SCHEMA;
     END IF;
     RETURN NULL;
@@ -74,7 +83,8 @@ $$;
 
 CREATE TRIGGER batch_job_run_not_archived
     AFTER INSERT ON batch_job_run
-    FOR EACH ROW EXECUTE FUNCTION batch_job_run_not_archived();
+    REFERENCING NEW TABLE AS batch_job_run_inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION batch_job_run_not_archived();
 
 -- Enqueue, as in 20261208000003, except that a key in the archive is
 -- left out of the insert and so reported as a duplicate, exactly as a key

@@ -908,3 +908,55 @@ async fn a_live_column_the_archive_does_not_copy_stops_it() {
         0
     );
 }
+
+/// An insert of a key that an archive in progress is moving waits for that
+/// archive (the unique index) and is then refused: the check runs after the
+/// insert, so it sees the archive's commit. A check before the insert would
+/// have let the key into the ledger a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_racing_an_archive_of_its_key_is_refused() {
+    let db = TestDb::new(&batchonce_workers::migrations()).await;
+    let cfg = config(CONFIG);
+    seed(&db.pool, &cfg, JOB, &[("2026-01-01", "SUCCEEDED")]).await;
+    let mut archiving = db.pool.begin().await.unwrap();
+    let moved: i64 = sqlx::query_scalar(
+        "SELECT runs_moved FROM batchonce_operator_archive('2026-01-02', NULL, 10, 'alice', \
+         'racing an insert', false, NULL)",
+    )
+    .fetch_one(&mut *archiving)
+    .await
+    .unwrap();
+    assert_eq!(moved, 1);
+    let pool = db.pool.clone();
+    let insert = tokio::spawn(async move {
+        sqlx::query(
+            "INSERT INTO batch_job_run (job_key, job_name, business_date, max_attempts) \
+             VALUES ('daily-settlement:2026-01-01', 'daily-settlement', '2026-01-01', 3) \
+             ON CONFLICT (job_key) DO NOTHING",
+        )
+        .execute(&pool)
+        .await
+    });
+    batchonce::testing::wait_until(
+        "the insert to wait for the archive",
+        Duration::from_secs(10),
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'INSERT INTO batch_job_run %'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    archiving.commit().await.unwrap();
+    let e = insert.await.unwrap().unwrap_err();
+    assert_eq!(
+        sql_code(&e).as_deref(),
+        Some(queue::ARCHIVED_SQLSTATE),
+        "{e}"
+    );
+    assert_eq!(accounted(&db.pool).await, (1, 1));
+}
