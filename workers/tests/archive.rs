@@ -83,9 +83,15 @@ async fn seed(pool: &PgPool, cfg: &Config, job: &str, days: &[(&str, &str)]) {
     };
     let mut leases = Vec::new();
     loop {
-        let got = queue::claim(pool, "w-archive", &[spec.clone()], 1000, Clock::Db)
-            .await
-            .unwrap();
+        let got = queue::claim(
+            pool,
+            "w-archive",
+            std::slice::from_ref(&spec),
+            1000,
+            Clock::Db,
+        )
+        .await
+        .unwrap();
         if got.is_empty() {
             break;
         }
@@ -395,7 +401,7 @@ async fn a_partitioned_run_is_archived_only_as_a_whole() {
         day("2026-02-01"),
     ];
     for _ in 0..4 {
-        for lease in queue::claim(&db.pool, "w", &[spec.clone()], 100, Clock::Db)
+        for lease in queue::claim(&db.pool, "w", std::slice::from_ref(&spec), 100, Clock::Db)
             .await
             .unwrap()
         {
@@ -580,7 +586,7 @@ async fn an_archived_key_refuses_a_second_enqueue_and_runs_show_finds_it() {
         "the archived attempt: {stdout}"
     );
     assert!(
-        stdout.contains(&format!("archived:")) && stdout.contains(&format!("by audit row {audit}")),
+        stdout.contains("archived:") && stdout.contains(&format!("by audit row {audit}")),
         "{stdout}"
     );
     let out = bin(&db.url, &file, &["runs", "list"]);
@@ -822,9 +828,15 @@ async fn concurrent_and_interrupted_archives_never_lose_or_double_a_run() {
             };
             let mut n = 0;
             loop {
-                let got = queue::claim(&db.pool, "w-meanwhile", &[spec.clone()], 5, Clock::Db)
-                    .await
-                    .unwrap();
+                let got = queue::claim(
+                    &db.pool,
+                    "w-meanwhile",
+                    std::slice::from_ref(&spec),
+                    5,
+                    Clock::Db,
+                )
+                .await
+                .unwrap();
                 if got.is_empty() {
                     return n;
                 }
