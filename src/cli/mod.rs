@@ -413,6 +413,43 @@ Example:
   batchonce runs skip daily-settlement:2026-09-15 --operator alice \\
     --reason \"enqueued by mistake; no settlement on this date\"")]
     Skip(ActionArgs),
+    /// Moves finished runs (SUCCEEDED or SKIPPED) of business dates before
+    /// --before, with their attempts, to the archive tables, in audited
+    /// batches. Off by default: only this command archives.
+    #[command(after_help = "\
+Archived: SUCCEEDED and SKIPPED runs whose business date is before --before (a date
+in the past by the database clock); a partitioned run only once it and all its
+partitions are finished. PENDING, RUNNING and FAILED runs stay. Each batch is one
+transaction with one audit row per job; an interrupted archive leaves every run
+either live or archived. An archived key still refuses a second enqueue, and
+`runs show KEY` still shows it. Item tables are never touched.
+
+Example:
+  batchonce runs archive --before 2024-01-01 --operator alice \\
+    --reason \"keep two years live (ticket OPS-88)\" --dry-run")]
+    Archive(ArchiveArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ArchiveArgs {
+    /// Archive runs whose business date is before this date (YYYY-MM-DD), which must be in the past.
+    #[arg(long)]
+    before: String,
+    /// Why (recorded in the audit trail).
+    #[arg(long)]
+    reason: String,
+    /// Who (recorded in the audit trail with the database session user).
+    #[arg(long)]
+    operator: String,
+    /// Only this job's runs (default: every job's).
+    #[arg(long)]
+    job: Option<String>,
+    /// Runs per transaction (a partitioned run counts once).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+    /// Count what would be archived and change nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, clap::Args)]

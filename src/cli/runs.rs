@@ -201,9 +201,30 @@ pub(super) async fn runs_command(
             }
             Ok(ExitCode::SUCCESS)
         }
+        RunsCommand::Archive(a) => archive(pool, a, json_out).await,
         RunsCommand::Show { key } => {
             let key = keys::parse(key)?;
             let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
+                // Archived runs leave the ledger but not the record.
+                if let Some((run, attempts, archived)) = queue::show_archived(pool, &key).await? {
+                    let actions = queue::actions(pool, &key).await?;
+                    if json_out {
+                        println!(
+                            "{}",
+                            json_for_terminal(&json!({"run": run, "attempts": attempts,
+                                "archived": archived, "operator_actions": actions}))?
+                        );
+                    } else {
+                        print_show(&run, &attempts, &actions);
+                        println!();
+                        println!(
+                            "archived:       {} by audit row {} (`batchonce runs archive`); this run is no longer in the live ledger, and its key is never enqueued again",
+                            time(archived.archived_at),
+                            archived.audit_id
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
                 return Err(keys::no_run(&key));
             };
             let actions = queue::actions(pool, &key).await?;
@@ -221,6 +242,75 @@ pub(super) async fn runs_command(
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `runs archive`: checks the input, then previews or archives batch after
+/// batch, printing each batch as it commits (an interrupted archive has
+/// printed what it committed).
+async fn archive(
+    pool: &sqlx::PgPool,
+    a: &super::ArchiveArgs,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let before = crate::key::parse_date(&a.before)
+        .map_err(|e| anyhow!("invalid --before {:?}: {e}", a.before))?;
+    let job = match &a.job {
+        Some(j) => Some(JobName::parse(j).map_err(|e| anyhow!("invalid --job: {e}"))?),
+        None => None,
+    };
+    let req = queue::ArchiveRequest {
+        before,
+        job,
+        batch: a.batch,
+        operator: validate_operator(&a.operator)?,
+        reason: validate_reason(&a.reason)?,
+    };
+    if a.dry_run {
+        let jobs = queue::preview_archive(pool, &req, Clock::Db).await?;
+        if json_out {
+            println!(
+                "{}",
+                json_for_terminal(&json!({"before": before, "applied": false, "jobs": jobs}))?
+            );
+        } else {
+            for j in &jobs {
+                println!(
+                    "dry run: {}: would archive {} runs and {} attempts (business dates before {before})",
+                    esc(&j.job),
+                    j.runs,
+                    j.attempts
+                );
+            }
+            let runs: i64 = jobs.iter().map(|j| j.runs).sum();
+            println!("dry run: {runs} runs would be archived; nothing changed");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let jobs = queue::archive(pool, &req, Clock::Db, |batch| {
+        if !json_out {
+            for j in batch {
+                println!(
+                    "archived {} runs and {} attempts of {} (audit row {})",
+                    j.runs,
+                    j.attempts,
+                    esc(&j.job),
+                    j.audit_id.unwrap_or_default()
+                );
+            }
+        }
+    })
+    .await?;
+    if json_out {
+        println!(
+            "{}",
+            json_for_terminal(&json!({"before": before, "applied": true, "batches": jobs}))?
+        );
+    } else {
+        let runs: i64 = jobs.iter().map(|j| j.runs).sum();
+        let attempts: i64 = jobs.iter().map(|j| j.attempts).sum();
+        println!("archived {runs} runs and {attempts} attempts with business dates before {before} (audited)");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `runs stale`'s exit status: [`super::EXIT_FOUND`] if asked to look for

@@ -479,7 +479,8 @@ pub(crate) async fn audit(
                     td { (r.operator) br; span.muted { "db user " (r.session_user) } }
                     td { (r.remote_addr.as_deref().map(|x| format!("console, {x}")).unwrap_or_else(|| "command line".into())) }
                     td { (r.action) }
-                    td { a href=(run_href(&r.job_key)) { (r.job_key) } }
+                    // An archive row names a job's batch (`job:*`), not one run to link to.
+                    td { @if r.action == "archive" { (r.job_key) } @else { a href=(run_href(&r.job_key)) { (r.job_key) } } }
                     td { (badge(&r.before_status)) " → " (badge(&r.after_status)) }
                     td { (r.reason) @if let Some(d) = &r.detail { br; span.muted { (d) } } }
                 }

@@ -40,6 +40,8 @@ use sqlx::PgPool;
 pub const ENGINE_TABLES: &[&str] = &[
     "batch_job_run",
     "batch_job_attempt",
+    "batch_job_run_archive",
+    "batch_job_attempt_archive",
     "batch_job_due",
     "batch_job_running",
     "batch_worker",
@@ -75,6 +77,11 @@ const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_termina
 /// exist: the fold of the run counts (20261209000001), which every worker's
 /// recovery loop calls.
 const OPTIONAL_WORKER_FUNCTIONS: &[&str] = &["batchonce_fold_tally"];
+
+/// The audited archive (issue 43), granted to the operator alone once a
+/// later migration has added it: the console's operators act on one run at
+/// a time, and moving history out of the ledger is a command-line decision.
+const ARCHIVE_FUNCTION: &str = "batchonce_operator_archive";
 
 /// What the terminate function reads: the run, its attempts, the open fences.
 const TERMINATOR_READS: &[&str] = &["batch_job_run", "batch_job_attempt", "batch_fence_held"];
@@ -270,11 +277,14 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
         }
     }
     let mut on_tables_after = vec![
-        "-- A lease token is the capability to change a run: every column of runs and attempts but the token.".to_owned(),
+        "-- A lease token is the capability to change a run: every column of runs and attempts (live or archived) but the token.".to_owned(),
         format!("REVOKE SELECT ON {}, {} FROM {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
         format!(
             // Dollar quotes: every statement here runs inside EXECUTE '…'.
-            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY[to_regclass($t${s}.batch_job_run$t$), to_regclass($t${s}.batch_job_attempt$t$)] LOOP \
+            // The archive tables exist only once their migration has run.
+            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY[to_regclass($t${s}.batch_job_run$t$), to_regclass($t${s}.batch_job_attempt$t$), \
+             to_regclass($t${s}.batch_job_run_archive$t$), to_regclass($t${s}.batch_job_attempt_archive$t$)] LOOP CONTINUE WHEN t IS NULL; \
+             EXECUTE format($f$REVOKE SELECT ON %s FROM {p}, {o}, {r}, {c}$f$, t); \
              EXECUTE format($f$GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}$f$, (SELECT string_agg(quote_ident(attname), $j$, $j$) FROM pg_attribute \
              WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> $n$lease_token$n$), t); END LOOP; END $cols$"
         ),
@@ -427,6 +437,12 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional_worker}])\n\
          \x20   LOOP\n\
          \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{w}');\n\
+         \x20   END LOOP;\n\
+         \x20   -- The archive, for the operator alone.\n\
+         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{ARCHIVE_FUNCTION}'\n\
+         \x20   LOOP\n\
+         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{o}');\n\
          \x20   END LOOP;\n\
          \x20   IF terminate_exists THEN\n",
         optional = quoted(OPTIONAL_OPERATOR_FUNCTIONS),

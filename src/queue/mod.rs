@@ -20,6 +20,8 @@
 //! - `lease.rs`: claim, heartbeat and the fenced transaction.
 //! - `finish.rs`: ending attempts in batches, backoff, lease-expiry recovery.
 //! - `actions.rs`: the audited operator actions `fail`, `rerun` and `skip`.
+//! - `archive.rs`: retention: moving finished runs and their attempts to
+//!   the archive tables in audited batches, and reading an archived run.
 //! - `blockers.rs`: sessions that hold locks others wait for, and the way
 //!   through them (lock timeout, audited termination).
 //! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
@@ -44,6 +46,7 @@
 //! serialization failures and deadlocks as worth retrying.
 
 mod actions;
+mod archive;
 pub mod blockers;
 pub mod context;
 mod declared;
@@ -60,6 +63,10 @@ pub use actions::{
     apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused,
 };
 pub(crate) use actions::{apply_action_in, preview_action_in};
+pub use archive::{
+    archive, archive_batch, preview as preview_archive, show_archived, ArchiveError,
+    ArchiveRefused, ArchiveRequest, Archived, ArchivedJob, ARCHIVED_SQLSTATE, MAX_ARCHIVE_BATCH,
+};
 pub use declared::{declare, declared_jobs, declared_settings, not_as_declared, Declared};
 pub use enqueue::{
     count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,

@@ -108,6 +108,25 @@ pub(super) fn run_from_row(row: &PgRow) -> Result<RunView, QueueError> {
     })
 }
 
+/// The columns [`attempt_from_row`] reads, of `batch_job_attempt` or its
+/// archive (never the token).
+pub(super) const ATTEMPT_COLUMNS: &str = "attempt, worker_id, started_at, finished_at, outcome, \
+    error_message, processed_count, failed_count, output_tail";
+
+pub(super) fn attempt_from_row(r: &PgRow) -> Result<AttemptView, sqlx::Error> {
+    Ok(AttemptView {
+        attempt: r.try_get("attempt")?,
+        worker_id: r.try_get("worker_id")?,
+        started_at: r.try_get("started_at")?,
+        finished_at: r.try_get("finished_at")?,
+        outcome: r.try_get("outcome")?,
+        error_message: r.try_get("error_message")?,
+        processed_count: r.try_get("processed_count")?,
+        failed_count: r.try_get("failed_count")?,
+        output: r.try_get("output_tail")?,
+    })
+}
+
 /// Runs, newest business date first, optionally filtered; a partitioned
 /// run is listed once, by its parent (`runs show` lists its partitions).
 pub async fn list_runs(
@@ -145,28 +164,14 @@ pub async fn show_run(
         return Ok(None);
     };
     let run = run_from_row(&row)?;
-    let attempts = crate::db::query(
-        "SELECT attempt, worker_id, started_at, finished_at, outcome, \
-         error_message, processed_count, failed_count, output_tail \
-         FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt",
-    )
+    let attempts = crate::db::query(&format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM batch_job_attempt WHERE job_key = $1 ORDER BY attempt"
+    ))
     .bind(key.as_str())
     .fetch_all(stmt.conn())
     .await?
     .iter()
-    .map(|r| {
-        Ok(AttemptView {
-            attempt: r.try_get("attempt")?,
-            worker_id: r.try_get("worker_id")?,
-            started_at: r.try_get("started_at")?,
-            finished_at: r.try_get("finished_at")?,
-            outcome: r.try_get("outcome")?,
-            error_message: r.try_get("error_message")?,
-            processed_count: r.try_get("processed_count")?,
-            failed_count: r.try_get("failed_count")?,
-            output: r.try_get("output_tail")?,
-        })
-    })
+    .map(attempt_from_row)
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
     stmt.done().await?;
     Ok(Some((run, attempts)))
