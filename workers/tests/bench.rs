@@ -131,10 +131,10 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
     assert!(ledger["all_within_3x"].is_boolean(), "{ledger}");
     let views = ledger["views"].as_array().unwrap();
     for want in [
-        "status: batchonce status",
-        "exporter: start to first full /metrics",
-        "produce --once",
-        "console: overview /",
+        "batchonce status",
+        "batchonce exporter: start to first full /metrics",
+        "batchonce produce --once",
+        "console GET /",
     ] {
         assert!(views.iter().any(|v| v["view"] == want), "{want}: {ledger}");
     }
