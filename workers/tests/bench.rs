@@ -25,7 +25,7 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         .collect();
     assert_eq!(
         names,
-        ["enqueue", "drain", "pickup", "settle", "send", "scopes", "ceiling"],
+        ["enqueue", "drain", "pickup", "settle", "send", "scopes", "ceiling", "ledger"],
         "{stderr}"
     );
     assert!(lines[0]["baseline_ms"].as_f64().unwrap() > 0.0);
@@ -122,6 +122,26 @@ fn every_scenario_runs_at_tiny_size_and_reports_a_baseline() {
         for v in variants.values() {
             assert!(v["runs_per_s"].as_f64().unwrap() > 0.0, "{r}");
         }
+    }
+    // The ledger of years (issue 43): every view timed on both ledgers,
+    // with its ratio; whether all are within 3x is reported, not asserted.
+    let ledger = &lines[7];
+    assert_eq!(ledger["small_runs"].as_u64(), Some(10_000), "{ledger}");
+    assert_eq!(ledger["runs"].as_u64(), Some(60_000), "{ledger}");
+    assert!(ledger["all_within_3x"].is_boolean(), "{ledger}");
+    let views = ledger["views"].as_array().unwrap();
+    for want in [
+        "batchonce status",
+        "batchonce exporter: start to first full /metrics",
+        "batchonce produce --once",
+        "console GET /",
+    ] {
+        assert!(views.iter().any(|v| v["view"] == want), "{want}: {ledger}");
+    }
+    for v in views {
+        assert!(v["ms_small"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["ms_big"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["ratio"].as_f64().unwrap() > 0.0, "{v}");
     }
 }
 

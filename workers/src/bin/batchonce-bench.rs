@@ -3,18 +3,21 @@
 //! so results read as ratios on a noisy machine. Prints one JSON line per
 //! scenario and a human summary on stderr.
 //!
-//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|scopes|ceiling|all> [--size tiny|full]`
+//! `cargo run --release --bin batchonce-bench -- <drain|pickup|enqueue|settle|send|scopes|ceiling|ledger|all> [--size tiny|full]`
 //! against `DATABASE_URL`, or a private cluster in `.batchonce/bench-pg`.
 //!
-//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `scopes`, `ceiling`, `all`; `--size tiny|full`; `--runs
-//! N` and `--concurrency 8,32` for `drain`). The drain baseline's queue table has a partial index
+//! the benchmark binary (`drain`, `pickup`, `enqueue`, `settle`, `send`, `scopes`, `ceiling`, `ledger`, `all`; `--size
+//! tiny|full`; `--runs N` and `--concurrency 8,32` for `drain`; `--ledger-runs N` for `ledger`). The drain baseline's queue table has a partial index
 //! on its pending rows, as any real queue would; without it the baseline's own claims scanned past
 //! every finished row and the ratio flattered the engine. Each scenario runs the engine and, in the
 //! same run, a bare-SQL baseline doing the same work, and prints one JSON line (see BENCHMARKS.md).
 //! It registers a no-op job kind of its own, `bench-noop`, for the framework's per-run cost, and
 //! starts the real `batchonce` binary as the worker for `settle`, so that the worker's peak RSS is
 //! its own. `scopes` (the producer with 10,000 scopes, issue 24) lives in `bench/scopes.rs`, `ceiling`
-//! (what any drain keeping the run ledger could reach, issue 25) in `bench/ceiling.rs`.
+//! (what any drain keeping the run ledger could reach, issue 25) in `bench/ceiling.rs`, `ledger`
+//! (every view with 10,000 finished runs against the same view with 2,000,000, issue 43) in
+//! `bench/ledger.rs`. At full size `all` leaves `ledger` out: building its 2,000,000 runs takes
+//! minutes, so it is run by name; at tiny size (10,000 against 60,000) `all` includes it.
 //! `workers/tests/bench.rs` runs every scenario once at tiny size.
 
 use std::sync::Arc;
@@ -35,6 +38,8 @@ use sqlx::PgPool;
 // binary of its own.
 #[path = "bench/ceiling.rs"]
 mod ceiling;
+#[path = "bench/ledger.rs"]
+mod ledger;
 #[path = "bench/scopes.rs"]
 mod scopes;
 
@@ -793,6 +798,10 @@ struct Args {
     /// drain: the worker concurrencies to measure, comma-separated (default 8,32).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1000))]
     concurrency: Vec<u32>,
+    /// ledger: finished runs in the big ledger (default 2,000,000; 60,000 at
+    /// tiny size), compared with a ledger of 10,000.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10_000..=10_000_000))]
+    ledger_runs: Option<u32>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -804,6 +813,9 @@ enum Scenario {
     Send,
     Scopes,
     Ceiling,
+    /// Every view with 10,000 finished runs and with `--ledger-runs`; not
+    /// part of `all` at full size (its build takes minutes).
+    Ledger,
     All,
 }
 
@@ -867,6 +879,12 @@ async fn run() -> anyhow::Result<()> {
         }
         if all || scenario == Scenario::Ceiling {
             println!("{}", ceiling::ceiling(&pool, size).await?);
+        }
+        if scenario == Scenario::Ledger || (all && size == Size::Tiny) {
+            println!(
+                "{}",
+                ledger::ledger(&admin, &server, &name, size, args.ledger_runs).await?
+            );
         }
         pool.close().await;
         Ok::<_, anyhow::Error>(())
