@@ -49,7 +49,10 @@ CREATE TABLE batch_job_failed (
     business_date date         NOT NULL,
     CONSTRAINT batch_job_failed_pkey PRIMARY KEY (job_key)
 );
-CREATE INDEX batch_job_failed_job_idx ON batch_job_failed (job_name, business_date);
+-- The order every run list shows, newest business date first: a page of
+-- FAILED runs reads the page, however many runs failed.
+CREATE INDEX batch_job_failed_job_idx ON batch_job_failed (job_name, business_date DESC, job_key);
+CREATE INDEX batch_job_failed_date_idx ON batch_job_failed (business_date DESC, job_key);
 COMMENT ON TABLE batch_job_failed IS
     'The FAILED runs of batch_job_run (a list kept in step by the finish and the triggers of batch_job_run; the run row is the truth).';
 
@@ -71,12 +74,17 @@ INSERT INTO batch_job_tally (job_name, status, part, runs, newest_finished_at)
 SELECT job_name, status, partition_of IS NOT NULL, count(*), max(finished_at)
 FROM batch_job_run WHERE status IN ('SUCCEEDED', 'SKIPPED') GROUP BY 1, 2, 3;
 
--- The newest scoped periods of a job, read backwards by date without
--- passing the job's unscoped runs. Neither column changes after enqueue,
--- so the claim's and the finish's updates stay HOT; an unscoped run adds
--- no entry.
-CREATE INDEX batch_job_run_scoped_date_idx ON batch_job_run (job_name, business_date)
+-- A job's periods newest first, scoped and unscoped runs apart: the
+-- newest period done is the first done run read backwards (unscoped), or
+-- the first period no open scope holds back (scoped: one probe a period,
+-- skipping the periods the lists say are open), without passing the other
+-- kind's runs. Each run enters one of the two. Neither column changes
+-- after enqueue (a legacy run's context is frozen once), so the claim's
+-- and the finish's updates stay HOT.
+CREATE INDEX batch_job_run_scoped_period_idx ON batch_job_run (job_name, period_start)
     WHERE scope IS NOT NULL;
+CREATE INDEX batch_job_run_unscoped_period_idx ON batch_job_run (job_name, period_start)
+    WHERE scope IS NULL;
 
 -- The row trigger's bookkeeping, now with the failed list and the tally.
 -- Everything else is as in 20261207000001.

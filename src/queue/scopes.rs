@@ -82,40 +82,23 @@ pub async fn scope_periods(
                       AND ($1::text IS NULL OR r.job_name = $1))
             FROM scoped_jobs j WHERE j.job_name IS NOT NULL
         ),
-        -- Each job's newest $2 business dates with scoped runs, newest
-        -- first, one probe each: they hold its newest $2 periods.
-        dates AS (
-            SELECT j.job_name, (SELECT max(r.business_date) FROM batch_job_run r
-                                WHERE r.job_name = j.job_name AND r.scope IS NOT NULL) AS d,
+        -- Each job's newest $2 periods, newest first, one probe each
+        -- through the scoped runs' index.
+        periods AS (
+            SELECT j.job_name, (SELECT max(r.period_start) FROM batch_job_run r
+                                WHERE r.job_name = j.job_name AND r.scope IS NOT NULL) AS ps,
                    1 AS n
             FROM scoped_jobs j WHERE j.job_name IS NOT NULL
             UNION ALL
-            SELECT x.job_name, (SELECT max(r.business_date) FROM batch_job_run r
+            SELECT x.job_name, (SELECT max(r.period_start) FROM batch_job_run r
                                 WHERE r.job_name = x.job_name AND r.scope IS NOT NULL
-                                  AND r.business_date < x.d),
+                                  AND r.period_start < x.ps),
                    x.n + 1
-            FROM dates x WHERE x.d IS NOT NULL AND x.n < $2
-        ), newest AS (
-            SELECT job_name, period_key, business_date FROM (
-                SELECT r.job_name::text AS job_name, split_part(r.job_key, '@', 1) AS period_key,
-                       min(r.business_date) AS business_date,
-                       row_number() OVER (PARTITION BY r.job_name
-                                          ORDER BY split_part(r.job_key, '@', 1) DESC) AS rn
-                -- Each date's runs through the scoped runs' index, whatever
-                -- the planner guesses of the dates: OFFSET 0 keeps the
-                -- subquery from being merged into a join (which hashed
-                -- every scoped run of the ledger).
-                FROM dates x CROSS JOIN LATERAL (
-                    SELECT r.job_name, r.job_key, r.business_date FROM batch_job_run r
-                    WHERE r.job_name = x.job_name AND r.business_date = x.d
-                      AND r.scope IS NOT NULL AND r.partition_of IS NULL OFFSET 0) r
-                GROUP BY r.job_name, split_part(r.job_key, '@', 1)) p
-            WHERE rn <= $2
+            FROM periods x WHERE x.ps IS NOT NULL AND x.n < $2
         ),
         -- Older periods with scopes not done, from the lists of open runs.
         open_periods AS (
-            SELECT DISTINCT r.job_name::text AS job_name,
-                   split_part(r.job_key, '@', 1) AS period_key, r.business_date
+            SELECT DISTINCT r.job_name::text AS job_name, r.period_start AS ps
             FROM batch_job_run r
             WHERE r.job_key = ANY (ARRAY(
                     SELECT d.job_key FROM batch_job_due d WHERE d.scoped
@@ -125,21 +108,25 @@ pub async fn scope_periods(
               AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
               AND ($1::text IS NULL OR r.job_name = $1)
         ), chosen AS (
-            SELECT job_name, period_key, min(business_date) AS business_date FROM (
-                SELECT * FROM newest UNION ALL SELECT * FROM open_periods) c
-            GROUP BY 1, 2
-            ORDER BY job_name, period_key DESC
+            SELECT job_name, ps FROM (
+                SELECT job_name, ps FROM periods WHERE ps IS NOT NULL
+                UNION SELECT job_name, ps FROM open_periods) c
+            ORDER BY job_name, ps DESC
             LIMIT $3
         )
-        SELECT c.job_name, c.period_key, c.business_date, r.status, count(*) AS n,
+        -- Each chosen period's runs through the scoped runs' index; OFFSET 0
+        -- keeps the subquery from being merged into a join (which hashed
+        -- every scoped run of the ledger).
+        SELECT c.job_name, r.period_key, r.business_date, r.status, count(*) AS n,
                (array_agg(r.scope::text ORDER BY r.scope))[1:$4] AS named
         FROM chosen c CROSS JOIN LATERAL (
-            SELECT r.status, r.scope FROM batch_job_run r
-            WHERE r.job_name = c.job_name AND r.business_date = c.business_date
-              AND r.scope IS NOT NULL AND r.partition_of IS NULL
-              AND split_part(r.job_key, '@', 1) = c.period_key OFFSET 0) r
-        GROUP BY 1, 2, 3, 4
-        ORDER BY 1, 2 DESC
+            SELECT split_part(r.job_key, '@', 1) AS period_key, r.business_date,
+                   r.status, r.scope
+            FROM batch_job_run r
+            WHERE r.job_name = c.job_name AND r.period_start = c.ps
+              AND r.scope IS NOT NULL AND r.partition_of IS NULL OFFSET 0) r
+        GROUP BY c.job_name, c.ps, r.period_key, r.business_date, r.status
+        ORDER BY c.job_name, c.ps DESC, r.period_key
         "#,
     )
     .bind(job.map(JobName::as_str))

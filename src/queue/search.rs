@@ -57,7 +57,29 @@ pub async fn search_runs(
                 OR (r.business_date = $6 AND r.job_key > $7)) \
            AND ($9::text IS NULL OR r.scope = $9) AND r.partition_of IS NULL";
     let sql = match filter.status.and_then(open_list) {
-        // Open runs are found through their list, however long the ledger.
+        // FAILED runs through their list in the page's order (its indexes
+        // are so ordered), each checked against its run row: a page reads
+        // about a page, however many runs failed.
+        Some("batch_job_failed") => format!(
+            "SELECT x.* FROM batch_job_failed o CROSS JOIN LATERAL ( \
+               SELECT {RUN_COLUMNS}, {ctx} FROM batch_job_run r \
+               WHERE r.job_key = o.job_key AND {filters} OFFSET 0) x \
+             WHERE {job} \
+               AND ($3::date IS NULL OR o.business_date >= $3) \
+               AND ($4::date IS NULL OR o.business_date <= $4) \
+               AND ($6::date IS NULL OR o.business_date < $6 \
+                    OR (o.business_date = $6 AND o.job_key > $7)) \
+             ORDER BY o.business_date DESC, o.job_key LIMIT $8",
+            ctx = context::COLUMNS,
+            // Two texts, so that each is planned on its own index.
+            job = if filter.job.is_some() {
+                "o.job_name = $2"
+            } else {
+                "$2::text IS NULL"
+            },
+        ),
+        // Other open runs are found through their list, however long the
+        // ledger.
         Some(list) => format!(
             "SELECT {RUN_COLUMNS}, {ctx} FROM batch_job_run r \
              WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM {list} o \

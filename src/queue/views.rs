@@ -123,19 +123,17 @@ const COUNTS: &str = r#"
 "#;
 
 /// The open scoped runs (PENDING, RUNNING, FAILED) as `open_scoped`
-/// (job_name, business_date, period): the periods not yet done, read from
-/// the lists.
+/// (job_name, period_start): the periods not yet done, read from the
+/// lists.
 const OPEN_SCOPED: &str = r#"
     open_scoped AS (
-        SELECT r.job_name::text AS job_name, r.business_date,
-               split_part(r.job_key, '@', 1) AS period
+        SELECT DISTINCT r.job_name::text AS job_name, r.period_start
         FROM batch_job_run r
         WHERE r.job_key = ANY (ARRAY(
                 SELECT d.job_key FROM batch_job_due d WHERE d.scoped
                 UNION SELECT l.job_key FROM batch_job_running l
                 UNION SELECT x.job_key FROM batch_job_failed x))
-          AND r.scope IS NOT NULL AND r.partition_of IS NULL
-          AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
+          AND r.scope IS NOT NULL AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
     )
 "#;
 
@@ -500,6 +498,30 @@ pub async fn gauges(
                   JOIN batch_worker w ON w.worker_id = c.process_id
                   WHERE {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL
             UNION SELECT unnest($4::text[])
+        ),
+        -- Each scoped job's periods newest first, one probe each through
+        -- the scoped runs' index, for as long as the period is open (a
+        -- scope of it PENDING, RUNNING or FAILED, by the lists) or has not
+        -- begun: the last row of each job is its newest period done, or
+        -- none.
+        scoped_walk AS (
+            SELECT f.job_name, (SELECT max(r.period_start) FROM batch_job_run r
+                                WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
+                                  AND r.period_start <= t.now) AS ps
+            FROM jobs f CROSS JOIN t
+            UNION ALL
+            SELECT w.job_name, (SELECT max(r.period_start) FROM batch_job_run r
+                                WHERE r.job_name = w.job_name AND r.scope IS NOT NULL
+                                  AND r.period_start < w.ps)
+            FROM scoped_walk w
+            WHERE w.ps IS NOT NULL AND EXISTS (SELECT FROM open_scoped o
+                                                WHERE o.job_name = w.job_name
+                                                  AND o.period_start = w.ps)
+        ), scoped_done AS (
+            SELECT w.job_name, w.ps FROM scoped_walk w
+            WHERE w.ps IS NOT NULL AND NOT EXISTS (SELECT FROM open_scoped o
+                                                    WHERE o.job_name = w.job_name
+                                                      AND o.period_start = w.ps)
         )
         SELECT f.job_name,
           (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{{}}'::jsonb) FROM counts c
@@ -521,15 +543,16 @@ pub async fn gauges(
              WHERE r.job_key = ANY (ARRAY(SELECT x.job_key FROM batch_job_failed x
                                           WHERE x.job_name = f.job_name))
               AND r.status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
-          -- The newest period done on the newest business date with one
-          -- (a job's periods start later as its dates do).
-          (SELECT extract(epoch FROM max(r.period_start))::float8
-             FROM batch_job_run r WHERE r.job_name = f.job_name AND r.business_date = ld.d
-              AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.period_start <= t.now
-              AND r.partition_of IS NULL
-              AND (r.scope IS NULL OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
-                   SELECT o.business_date, o.period FROM open_scoped o
-                   WHERE o.job_name = f.job_name))) AS last_done,
+          -- The newest period done: of the unscoped runs, the first done
+          -- one read backwards through their index; of the scoped ones, the
+          -- end of the walk above.
+          extract(epoch FROM greatest(
+            (SELECT r.period_start FROM batch_job_run r
+             WHERE r.job_name = f.job_name AND r.scope IS NULL AND r.period_start <= t.now
+               AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.partition_of IS NULL
+             ORDER BY r.period_start DESC LIMIT 1),
+            (SELECT d.ps FROM scoped_done d WHERE d.job_name = f.job_name)))::float8
+            AS last_done,
           (SELECT coalesce(max(r.attempts), 0)::bigint
              FROM batch_job_run r
              WHERE r.job_key = ANY (ARRAY(
@@ -542,37 +565,14 @@ pub async fn gauges(
           (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb) FROM
              (SELECT status, count(*) AS n FROM batch_job_run r
               WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
-                AND r.partition_of IS NULL AND r.business_date = sd.d
-                AND split_part(r.job_key, '@', 1) = sp.period GROUP BY status) s) AS scopes,
-          (SELECT extract(epoch FROM min(period_start))::float8 FROM batch_job_run r
-              WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
-                AND r.partition_of IS NULL AND r.business_date = sd.d
-                AND split_part(r.job_key, '@', 1) = sp.period) AS scope_period
+                AND r.partition_of IS NULL AND r.period_start = sp.ps
+              GROUP BY status) s) AS scopes,
+          extract(epoch FROM sp.ps)::float8 AS scope_period
         FROM jobs f CROSS JOIN t
-        -- The newest business date with a period done: the job's runs
-        -- newest first through (job_name, business_date), stopping at the
-        -- first done one (an open scope holds its period back; the open
-        -- scopes are few, read from the lists and hashed).
+        -- The newest scoped period, by the scoped runs' index.
         LEFT JOIN LATERAL (
-            SELECT r.business_date AS d FROM batch_job_run r
-            WHERE r.job_name = f.job_name AND r.status IN ('SUCCEEDED', 'SKIPPED')
-              AND r.period_start <= t.now AND r.partition_of IS NULL
-              AND (r.scope IS NULL OR (r.business_date, split_part(r.job_key, '@', 1)) NOT IN (
-                   SELECT o.business_date, o.period FROM open_scoped o
-                   WHERE o.job_name = f.job_name))
-            ORDER BY r.business_date DESC LIMIT 1) ld ON true
-        -- The newest scoped period: its business date through the
-        -- scoped runs' index (an unscoped job has no entry to read), then
-        -- the greatest period key of that date (several for a sub-daily
-        -- job).
-        LEFT JOIN LATERAL (
-            SELECT r.business_date AS d FROM batch_job_run r
-            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
-            ORDER BY r.business_date DESC LIMIT 1) sd ON true
-        LEFT JOIN LATERAL (
-            SELECT max(split_part(r.job_key, '@', 1)) AS period FROM batch_job_run r
-            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL AND r.business_date = sd.d) sp
-          ON true
+            SELECT max(r.period_start) AS ps FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.scope IS NOT NULL) sp ON true
         ORDER BY f.job_name
         "#
     );

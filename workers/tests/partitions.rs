@@ -653,8 +653,8 @@ async fn operator_actions_on_a_run_reach_its_partitions_and_a_partition_is_stale
     assert_eq!(
         audit, 5,
         "one audit row per action, the run's or the partition's"
-    );    // The counts every view reads followed each action, the run's and its
-    // partitions' (the parent's through the trigger).
+    ); // The counts every view reads followed each action, the run's and its
+       // partitions' (the parent's through the trigger).
     batchonce::testing::assert_lists_in_step(&db.pool).await;
 }
 
