@@ -47,6 +47,14 @@ CREATE TABLE batch_job_failed (
     job_key       varchar(120) NOT NULL,
     job_name      varchar(64)  NOT NULL,
     business_date date         NOT NULL,
+    -- What the views need of a FAILED run besides its key, so that counting
+    -- and dating the failures, and finding the periods they hold back,
+    -- reads this list alone: a partition, a scoped run, its period, and
+    -- when it failed (its finished_at).
+    part          boolean      NOT NULL,
+    scoped        boolean      NOT NULL,
+    period_start  timestamptz,
+    failed_at     timestamptz,
     CONSTRAINT batch_job_failed_pkey PRIMARY KEY (job_key)
 );
 -- The order every run list shows, newest business date first: a page of
@@ -68,8 +76,10 @@ CREATE TABLE batch_job_tally (
 COMMENT ON TABLE batch_job_tally IS
     'Runs per job that SUCCEEDED or were SKIPPED, as rows to be summed (appended in the transaction that changes a run, folded by batchonce_fold_tally).';
 
-INSERT INTO batch_job_failed (job_key, job_name, business_date)
-SELECT job_key, job_name, business_date FROM batch_job_run WHERE status = 'FAILED';
+INSERT INTO batch_job_failed
+SELECT job_key, job_name, business_date, partition_of IS NOT NULL, scope IS NOT NULL,
+       period_start, finished_at
+FROM batch_job_run WHERE status = 'FAILED';
 INSERT INTO batch_job_tally (job_name, status, part, runs, newest_finished_at)
 SELECT job_name, status, partition_of IS NOT NULL, count(*), max(finished_at)
 FROM batch_job_run WHERE status IN ('SUCCEEDED', 'SKIPPED') GROUP BY 1, 2, 3;
@@ -110,9 +120,13 @@ BEGIN
             DELETE FROM batch_job_failed WHERE job_key = OLD.job_key;
         END IF;
         IF NEW.status = 'FAILED' THEN
-            INSERT INTO batch_job_failed VALUES (NEW.job_key, NEW.job_name, NEW.business_date)
+            INSERT INTO batch_job_failed
+            VALUES (NEW.job_key, NEW.job_name, NEW.business_date, NEW.partition_of IS NOT NULL,
+                    NEW.scope IS NOT NULL, NEW.period_start, NEW.finished_at)
             ON CONFLICT (job_key) DO UPDATE
-            SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date;
+            SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date,
+                part = EXCLUDED.part, scoped = EXCLUDED.scoped,
+                period_start = EXCLUDED.period_start, failed_at = EXCLUDED.failed_at;
         END IF;
         IF OLD.status IN ('SUCCEEDED', 'SKIPPED') THEN
             INSERT INTO batch_job_tally VALUES (OLD.job_name, OLD.status, OLD.partition_of IS NOT NULL, -1, NULL);
@@ -155,10 +169,14 @@ BEGIN
     INSERT INTO batch_job_tally (job_name, status, part, runs, newest_finished_at)
     SELECT i.job_name, i.status, i.partition_of IS NOT NULL, count(*), max(i.finished_at)
     FROM inserted i WHERE i.status IN ('SUCCEEDED', 'SKIPPED') GROUP BY 1, 2, 3;
-    INSERT INTO batch_job_failed (job_key, job_name, business_date)
-    SELECT i.job_key, i.job_name, i.business_date FROM inserted i WHERE i.status = 'FAILED'
+    INSERT INTO batch_job_failed
+    SELECT i.job_key, i.job_name, i.business_date, i.partition_of IS NOT NULL,
+           i.scope IS NOT NULL, i.period_start, i.finished_at
+    FROM inserted i WHERE i.status = 'FAILED'
     ON CONFLICT (job_key) DO UPDATE
-    SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date;
+    SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date,
+        part = EXCLUDED.part, scoped = EXCLUDED.scoped,
+        period_start = EXCLUDED.period_start, failed_at = EXCLUDED.failed_at;
     RETURN NULL;
 END;
 $$;
@@ -292,7 +310,7 @@ BEGIN
         WHERE r.job_key = next.job_key
           AND r.job_key = ANY (p_keys)
         RETURNING r.job_key, r.job_name, r.status, r.next_run_at, r.scope,
-                  r.business_date, r.finished_at,
+                  r.business_date, r.finished_at, r.period_start,
                   -- A partitioned run's parent is counted by the trigger,
                   -- which keeps it in step whoever changes it.
                   (r.partition_count IS NOT NULL AND r.partition_of IS NULL) AS parent,
@@ -326,8 +344,9 @@ BEGIN
         FROM upd WHERE upd.status IN ('SUCCEEDED', 'SKIPPED') AND NOT upd.parent
         GROUP BY 1, 2, 3
     ), failed AS (
-        INSERT INTO batch_job_failed (job_key, job_name, business_date)
-        SELECT upd.job_key, upd.job_name, upd.business_date
+        INSERT INTO batch_job_failed
+        SELECT upd.job_key, upd.job_name, upd.business_date, upd.part, upd.scope IS NOT NULL,
+               upd.period_start, upd.finished_at
         FROM upd WHERE upd.status = 'FAILED' AND NOT upd.parent
         ON CONFLICT (job_key) DO NOTHING
     )

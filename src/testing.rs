@@ -225,7 +225,10 @@ pub async fn assert_lists_in_step(pool: &PgPool) {
         "SELECT 'failed', r.job_key::text, r.status::text FROM batch_job_run r \
          WHERE (r.status = 'FAILED') <> EXISTS (SELECT FROM batch_job_failed f \
                WHERE f.job_key = r.job_key AND f.job_name = r.job_name \
-                 AND f.business_date = r.business_date) \
+                 AND f.business_date = r.business_date \
+                 AND f.part = (r.partition_of IS NOT NULL) AND f.scoped = (r.scope IS NOT NULL) \
+                 AND f.period_start IS NOT DISTINCT FROM r.period_start \
+                 AND f.failed_at IS NOT DISTINCT FROM r.finished_at) \
          UNION ALL SELECT 'failed', f.job_key::text, 'no run' FROM batch_job_failed f \
          WHERE NOT EXISTS (SELECT FROM batch_job_run r WHERE r.job_key = f.job_key) \
          UNION ALL SELECT 'tally', job_name || ' ' || status || CASE WHEN part THEN ' partitions' ELSE '' END, \

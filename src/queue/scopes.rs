@@ -98,15 +98,17 @@ pub async fn scope_periods(
         ),
         -- Older periods with scopes not done, from the lists of open runs.
         open_periods AS (
-            SELECT DISTINCT r.job_name::text AS job_name, r.period_start AS ps
+            SELECT r.job_name::text AS job_name, r.period_start AS ps
             FROM batch_job_run r
             WHERE r.job_key = ANY (ARRAY(
                     SELECT d.job_key FROM batch_job_due d WHERE d.scoped
-                    UNION SELECT l.job_key FROM batch_job_running l
-                    UNION SELECT x.job_key FROM batch_job_failed x))
+                    UNION SELECT l.job_key FROM batch_job_running l))
               AND r.scope IS NOT NULL AND r.partition_of IS NULL
-              AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
+              AND r.status IN ('PENDING', 'RUNNING')
               AND ($1::text IS NULL OR r.job_name = $1)
+            UNION
+            SELECT x.job_name::text, x.period_start FROM batch_job_failed x
+            WHERE x.scoped AND NOT x.part AND ($1::text IS NULL OR x.job_name = $1)
         ), chosen AS (
             SELECT job_name, ps FROM (
                 SELECT job_name, ps FROM periods WHERE ps IS NOT NULL

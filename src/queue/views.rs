@@ -93,9 +93,10 @@ fn bind_live<'q>(
 }
 
 /// Runs per job, status and kind (`part`: a partition of a partitioned
-/// run), as `counts` (job_name, status, part, n): PENDING, RUNNING and
-/// FAILED runs through their lists (each checked against its run row),
-/// SUCCEEDED and SKIPPED from `batch_job_tally` (migration 20261209000001).
+/// run), as `counts` (job_name, status, part, n): PENDING and RUNNING runs
+/// through their lists (each checked against its run row), FAILED ones
+/// from theirs, SUCCEEDED and SKIPPED from `batch_job_tally` (migration
+/// 20261209000001).
 /// It reads what is open and one row per job and outcome, never the
 /// ledger, and is the one count `status`, the exporter and the console
 /// show. A status without runs has no row.
@@ -112,10 +113,10 @@ const COUNTS: &str = r#"
         WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM batch_job_running o))
           AND r.status = 'RUNNING' GROUP BY 1, 2, 3
         UNION ALL
-        SELECT r.job_name::text, r.status::text, r.partition_of IS NOT NULL, count(*)
-        FROM batch_job_run r
-        WHERE r.job_key = ANY (ARRAY(SELECT o.job_key FROM batch_job_failed o))
-          AND r.status = 'FAILED' GROUP BY 1, 2, 3
+        -- The failed list holds what is counted, kept in the transaction
+        -- that fails or revives a run: a thousand failures read no run.
+        SELECT o.job_name::text, 'FAILED', o.part, count(*)
+        FROM batch_job_failed o GROUP BY 1, 2, 3
         UNION ALL
         SELECT t.job_name::text, t.status::text, t.part, sum(t.runs)::bigint
         FROM batch_job_tally t GROUP BY 1, 2, 3 HAVING sum(t.runs) <> 0
@@ -131,9 +132,10 @@ const OPEN_SCOPED: &str = r#"
         FROM batch_job_run r
         WHERE r.job_key = ANY (ARRAY(
                 SELECT d.job_key FROM batch_job_due d WHERE d.scoped
-                UNION SELECT l.job_key FROM batch_job_running l
-                UNION SELECT x.job_key FROM batch_job_failed x))
-          AND r.scope IS NOT NULL AND r.status IN ('PENDING', 'RUNNING', 'FAILED')
+                UNION SELECT l.job_key FROM batch_job_running l))
+          AND r.scope IS NOT NULL AND r.status IN ('PENDING', 'RUNNING')
+        UNION
+        SELECT x.job_name::text, x.period_start FROM batch_job_failed x WHERE x.scoped
     )
 "#;
 
@@ -514,14 +516,14 @@ pub async fn gauges(
                                 WHERE r.job_name = w.job_name AND r.scope IS NOT NULL
                                   AND r.period_start < w.ps)
             FROM scoped_walk w
-            WHERE w.ps IS NOT NULL AND EXISTS (SELECT FROM open_scoped o
-                                                WHERE o.job_name = w.job_name
-                                                  AND o.period_start = w.ps)
+            -- Uncorrelated, so the open periods are hashed once.
+            WHERE w.ps IS NOT NULL AND (w.job_name, w.ps) IN (
+                      SELECT o.job_name, o.period_start FROM open_scoped o)
         ), scoped_done AS (
             SELECT w.job_name, w.ps FROM scoped_walk w
-            WHERE w.ps IS NOT NULL AND NOT EXISTS (SELECT FROM open_scoped o
-                                                    WHERE o.job_name = w.job_name
-                                                      AND o.period_start = w.ps)
+            WHERE w.ps IS NOT NULL AND (w.job_name, w.ps) NOT IN (
+                      SELECT o.job_name, o.period_start FROM open_scoped o
+                      WHERE o.period_start IS NOT NULL)
         )
         SELECT f.job_name,
           (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{{}}'::jsonb) FROM counts c
@@ -538,11 +540,9 @@ pub async fn gauges(
           (SELECT extract(epoch FROM max(y.newest_finished_at))::float8
              FROM batch_job_tally y WHERE y.job_name = f.job_name
               AND y.status = 'SUCCEEDED' AND NOT y.part) AS last_success,
-          (SELECT coalesce(extract(epoch FROM max(r.finished_at)), 0)::float8
-             FROM batch_job_run r
-             WHERE r.job_key = ANY (ARRAY(SELECT x.job_key FROM batch_job_failed x
-                                          WHERE x.job_name = f.job_name))
-              AND r.status = 'FAILED' AND r.partition_of IS NULL) AS newest_failure,
+          (SELECT coalesce(extract(epoch FROM max(x.failed_at)), 0)::float8
+             FROM batch_job_failed x
+             WHERE x.job_name = f.job_name AND NOT x.part) AS newest_failure,
           -- The newest period done: of the unscoped runs, the first done
           -- one read backwards through their index; of the scoped ones, the
           -- end of the walk above.
