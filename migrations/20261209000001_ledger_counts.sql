@@ -27,13 +27,15 @@
 -- ledger after every test that checks the lists (the fault suite's oracle
 -- among them).
 --
--- Who keeps them: the finish (which runs with `batchonce.in_step` on, the
--- row trigger skipped) for the runs it finishes; the row trigger
--- batch_job_run_keep_lists for every other UPDATE (recovery, an operator's
--- action, a partitioned run's parent, the previous release's statements);
--- and two statement triggers for INSERT and DELETE, which see every
--- inserted or deleted row at once (an enqueue of calendar-skipped runs, an
--- archive) and append one row per job and outcome.
+-- Who keeps them: the tally, the finish (which runs with `batchonce.in_step`
+-- on, the row trigger skipped) for the runs it finishes, and the row
+-- trigger batch_job_run_keep_lists for every other UPDATE (recovery, an
+-- operator's action, a partitioned run's parent, the previous release's
+-- statements); the failed list, the row trigger batch_job_run_failed_list
+-- for every UPDATE into or out of FAILED; and for both, two statement
+-- triggers for INSERT and DELETE, which see every inserted or deleted row
+-- at once (an enqueue of calendar-skipped runs, an archive) and append one
+-- row per job and outcome.
 --
 -- Expand only: the previous release's workers call the same functions
 -- (batchonce_finish is replaced with the same signature and result) and
@@ -96,8 +98,8 @@ CREATE INDEX batch_job_run_scoped_period_idx ON batch_job_run (job_name, period_
 CREATE INDEX batch_job_run_unscoped_period_idx ON batch_job_run (job_name, period_start)
     WHERE scope IS NULL;
 
--- The row trigger's bookkeeping, now with the failed list and the tally.
--- Everything else is as in 20261207000001.
+-- The row trigger's bookkeeping, now with the tally. Everything else is as
+-- in 20261207000001.
 CREATE OR REPLACE FUNCTION batch_job_run_keep_lists() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -116,18 +118,6 @@ BEGIN
                              OR OLD.job_key <> NEW.job_key OR OLD.job_name <> NEW.job_name
                              OR OLD.business_date <> NEW.business_date
                              OR (OLD.partition_of IS NULL) <> (NEW.partition_of IS NULL)) THEN
-        IF OLD.status = 'FAILED' THEN
-            DELETE FROM batch_job_failed WHERE job_key = OLD.job_key;
-        END IF;
-        IF NEW.status = 'FAILED' THEN
-            INSERT INTO batch_job_failed
-            VALUES (NEW.job_key, NEW.job_name, NEW.business_date, NEW.partition_of IS NOT NULL,
-                    NEW.scope IS NOT NULL, NEW.period_start, NEW.finished_at)
-            ON CONFLICT (job_key) DO UPDATE
-            SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date,
-                part = EXCLUDED.part, scoped = EXCLUDED.scoped,
-                period_start = EXCLUDED.period_start, failed_at = EXCLUDED.failed_at;
-        END IF;
         IF OLD.status IN ('SUCCEEDED', 'SKIPPED') THEN
             INSERT INTO batch_job_tally VALUES (OLD.job_name, OLD.status, OLD.partition_of IS NOT NULL, -1, NULL);
         END IF;
@@ -151,8 +141,8 @@ BEGIN
 END;
 $$;
 
--- The same trigger, also fired by a change of the columns the failed list
--- and the tally are keyed by (none of which the claim or the finish sets).
+-- The same trigger, also fired by a change of the columns the tally is
+-- keyed by (none of which the claim or the finish sets).
 DROP TRIGGER batch_job_run_keep_lists ON batch_job_run;
 CREATE TRIGGER batch_job_run_keep_lists
     AFTER INSERT OR UPDATE OF job_key, job_name, business_date, status, next_run_at, scope,
@@ -160,6 +150,41 @@ CREATE TRIGGER batch_job_run_keep_lists
     FOR EACH ROW WHEN (current_setting('batchonce.in_step', true) IS DISTINCT FROM 'on'
                        OR (NEW.partition_count IS NOT NULL AND NEW.partition_of IS NULL))
     EXECUTE FUNCTION batch_job_run_keep_lists();
+
+-- The failed list, for every writer, the claim and the finish included: a
+-- run that becomes FAILED, stops being FAILED, or changes what the list
+-- says of it while FAILED. The WHEN is evaluated without calling the
+-- function, so a run that neither was nor is FAILED costs nothing more.
+CREATE FUNCTION batch_job_run_failed_list() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF OLD.status = 'FAILED' THEN
+        DELETE FROM batch_job_failed WHERE job_key = OLD.job_key;
+    END IF;
+    IF NEW.status = 'FAILED' THEN
+        INSERT INTO batch_job_failed
+        VALUES (NEW.job_key, NEW.job_name, NEW.business_date, NEW.partition_of IS NOT NULL,
+                NEW.scope IS NOT NULL, NEW.period_start, NEW.finished_at)
+        ON CONFLICT (job_key) DO UPDATE
+        SET job_name = EXCLUDED.job_name, business_date = EXCLUDED.business_date,
+            part = EXCLUDED.part, scoped = EXCLUDED.scoped,
+            period_start = EXCLUDED.period_start, failed_at = EXCLUDED.failed_at;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER batch_job_run_failed_list
+    AFTER UPDATE OF status, job_key, job_name, business_date, partition_of, scope,
+                    period_start, finished_at ON batch_job_run
+    FOR EACH ROW WHEN ((OLD.status = 'FAILED' OR NEW.status = 'FAILED')
+                       AND (OLD.status IS DISTINCT FROM NEW.status
+                            OR OLD.job_key <> NEW.job_key OR OLD.job_name <> NEW.job_name
+                            OR OLD.business_date <> NEW.business_date
+                            OR OLD.partition_of IS DISTINCT FROM NEW.partition_of
+                            OR OLD.scope IS DISTINCT FROM NEW.scope
+                            OR OLD.period_start IS DISTINCT FROM NEW.period_start
+                            OR OLD.finished_at IS DISTINCT FROM NEW.finished_at))
+    EXECUTE FUNCTION batch_job_run_failed_list();
 
 -- Inserted runs, all of one statement at once: an enqueue of 10,000 runs
 -- appends one tally row per job and outcome, not 10,000.
@@ -239,8 +264,12 @@ $$;
 COMMENT ON FUNCTION batchonce_fold_tally() IS
     'Folds batch_job_tally into one row per job, outcome and kind (the sums stay); called by every worker''s recovery loop.';
 
--- The finish of 20261208000002, also counting the runs it finishes:
--- SUCCEEDED and SKIPPED ones in the tally, FAILED ones in the failed list.
+-- The finish of 20261208000002, also counting the SUCCEEDED and SKIPPED
+-- runs it finishes in the tally. The failed list is the trigger's
+-- (batch_job_run_failed_list), which opens it only when a run fails: a
+-- relation the finish names is locked, with its indexes, on every call, and
+-- past 16 of them a transaction's locks leave PostgreSQL's per-backend fast
+-- path for the shared lock table, where 32 workers wait on each other.
 CREATE OR REPLACE FUNCTION batchonce_finish(p_keys text[], p_tokens bigint[], p_kinds text[],
                                             p_messages text[], p_delays float8[], p_now timestamptz)
 RETURNS TABLE (job_key text, status text, expired boolean)
@@ -343,12 +372,6 @@ BEGIN
         SELECT upd.job_name, upd.status, upd.part, count(*), max(upd.finished_at)
         FROM upd WHERE upd.status IN ('SUCCEEDED', 'SKIPPED') AND NOT upd.parent
         GROUP BY 1, 2, 3
-    ), failed AS (
-        INSERT INTO batch_job_failed
-        SELECT upd.job_key, upd.job_name, upd.business_date, upd.part, upd.scope IS NOT NULL,
-               upd.period_start, upd.finished_at
-        FROM upd WHERE upd.status = 'FAILED' AND NOT upd.parent
-        ON CONFLICT (job_key) DO NOTHING
     )
     SELECT u.job_key::text, u.status::text, u.expired FROM upd u;
     PERFORM set_config('batchonce.in_step', 'off', true);
@@ -371,6 +394,7 @@ BEGIN
     FOREACH f IN ARRAY ARRAY[
         'batchonce_finish(text[], bigint[], text[], text[], float8[], timestamptz)'::regprocedure,
         'batch_job_run_keep_lists()'::regprocedure,
+        'batch_job_run_failed_list()'::regprocedure,
         'batch_job_run_tally_insert()'::regprocedure,
         'batch_job_run_tally_delete()'::regprocedure,
         'batchonce_fold_tally()'::regprocedure]

@@ -664,6 +664,7 @@ async fn compare(
     }
     let mut rows = Vec::new();
     let mut all_within = true;
+    let mut commands_within = true;
     eprintln!(
         "{:<58} {:>10} {:>10} {:>7}",
         "view",
@@ -678,6 +679,11 @@ async fn compare(
         let ratio = big_ms / small_ms;
         let ok = ratio <= BAR || big_ms < FLOOR_MS;
         all_within &= ok;
+        // The commands issue 43 measured (`status`, the exporter, `runs
+        // list`, `runs stale`, `produce --once`) are the real binary's.
+        if name.starts_with("batchonce ") {
+            commands_within &= ok;
+        }
         eprintln!(
             "{name:<58} {small_ms:>8.1}ms {big_ms:>8.1}ms {ratio:>6.2}x {}",
             match (ratio <= BAR, ok) {
@@ -712,5 +718,6 @@ async fn compare(
         "views": rows,
         "floor_ms": FLOOR_MS,
         "all_within_3x": all_within,
+        "commands_within_3x": commands_within,
     }))
 }
