@@ -86,17 +86,15 @@ INSERT INTO batch_job_tally (job_name, status, part, runs, newest_finished_at)
 SELECT job_name, status, partition_of IS NOT NULL, count(*), max(finished_at)
 FROM batch_job_run WHERE status IN ('SUCCEEDED', 'SKIPPED') GROUP BY 1, 2, 3;
 
--- A job's periods newest first, scoped and unscoped runs apart: the
--- newest period done is the first done run read backwards (unscoped), or
--- the first period no open scope holds back (scoped: one probe a period,
--- skipping the periods the lists say are open), without passing the other
--- kind's runs. Each run enters one of the two. Neither column changes
--- after enqueue (a legacy run's context is frozen once), so the claim's
--- and the finish's updates stay HOT.
+-- A scoped job's periods newest first, one probe a period: its newest
+-- periods for the views, and its newest period done, the first one no open
+-- scope holds back (skipping the periods the lists say are open) without
+-- reading the runs of the ones it skips. An unscoped run adds no entry.
+-- Neither column changes after enqueue (a legacy run's context is frozen
+-- once), so the claim's and the finish's updates stay HOT. (An unscoped
+-- job's newest period done is read through batch_job_run_job_name_idx.)
 CREATE INDEX batch_job_run_scoped_period_idx ON batch_job_run (job_name, period_start)
     WHERE scope IS NOT NULL;
-CREATE INDEX batch_job_run_unscoped_period_idx ON batch_job_run (job_name, period_start)
-    WHERE scope IS NULL;
 
 -- The row trigger's bookkeeping, now with the tally. Everything else is as
 -- in 20261207000001.

@@ -543,16 +543,18 @@ pub async fn gauges(
           (SELECT coalesce(extract(epoch FROM max(x.failed_at)), 0)::float8
              FROM batch_job_failed x
              WHERE x.job_name = f.job_name AND NOT x.part) AS newest_failure,
-          -- The newest period done: of the unscoped runs, the first done
-          -- one read backwards through their index; of the scoped ones, the
-          -- end of the walk above.
-          extract(epoch FROM greatest(
-            (SELECT r.period_start FROM batch_job_run r
-             WHERE r.job_name = f.job_name AND r.scope IS NULL AND r.period_start <= t.now
-               AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.partition_of IS NULL
-             ORDER BY r.period_start DESC LIMIT 1),
-            (SELECT d.ps FROM scoped_done d WHERE d.job_name = f.job_name)))::float8
-            AS last_done,
+          -- The newest period done: of a scoped job, the end of the walk
+          -- above; of an unscoped one (its newest run is), the newest done
+          -- on the newest business date with one (its periods start later
+          -- as its dates do). A job newly scoped has none until a scoped
+          -- period is done.
+          extract(epoch FROM CASE WHEN ld.d IS NULL
+            THEN (SELECT d.ps FROM scoped_done d WHERE d.job_name = f.job_name)
+            ELSE (SELECT max(r.period_start) FROM batch_job_run r
+                  WHERE r.job_name = f.job_name AND r.business_date = ld.d
+                    AND r.scope IS NULL AND r.period_start <= t.now
+                    AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.partition_of IS NULL)
+            END)::float8 AS last_done,
           (SELECT coalesce(max(r.attempts), 0)::bigint
              FROM batch_job_run r
              WHERE r.job_key = ANY (ARRAY(
@@ -569,6 +571,18 @@ pub async fn gauges(
               GROUP BY status) s) AS scopes,
           extract(epoch FROM sp.ps)::float8 AS scope_period
         FROM jobs f CROSS JOIN t
+        -- An unscoped job's newest business date with a period done: its
+        -- runs newest first through (job_name, business_date), stopping at
+        -- the first done one; read only when its newest run is unscoped,
+        -- so a scoped job's runs are never passed.
+        LEFT JOIN LATERAL (
+            SELECT r.business_date AS d FROM batch_job_run r
+            WHERE r.job_name = f.job_name AND r.scope IS NULL
+              AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.period_start <= t.now
+              AND r.partition_of IS NULL
+              AND (SELECT n.scope IS NULL FROM batch_job_run n WHERE n.job_name = f.job_name
+                   ORDER BY n.business_date DESC LIMIT 1)
+            ORDER BY r.business_date DESC LIMIT 1) ld ON true
         -- The newest scoped period, by the scoped runs' index.
         LEFT JOIN LATERAL (
             SELECT max(r.period_start) AS ps FROM batch_job_run r
