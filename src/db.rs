@@ -198,7 +198,13 @@ pub fn options(url: &str, application_name: &str) -> Result<PgConnectOptions, Db
     Ok(if transaction_pooler() {
         opts.statement_cache_capacity(0)
     } else {
-        opts
+        // No JIT compilation: every statement of the engine reads a few
+        // rows by key, but a generic plan's estimates can pass the JIT
+        // thresholds, and compiling then costs 100-200 ms a statement for
+        // nothing (`runs list --status SKIPPED` took 230 ms instead of 3,
+        // BENCHMARKS.md "A ledger of years"). A transaction pooler refuses
+        // startup options, so there it is the server's setting.
+        opts.options([("jit", "off")])
     })
 }
 

@@ -576,12 +576,15 @@ pub async fn gauges(
         -- the first done one; read only when its newest run is unscoped,
         -- so a scoped job's runs are never passed.
         LEFT JOIN LATERAL (
+            SELECT n.scope IS NULL AS unscoped FROM batch_job_run n
+            WHERE n.job_name = f.job_name ORDER BY n.business_date DESC LIMIT 1) nw ON true
+        -- `nw.unscoped` names no column of r: the planner tests it once,
+        -- before the scan, never per row.
+        LEFT JOIN LATERAL (
             SELECT r.business_date AS d FROM batch_job_run r
-            WHERE r.job_name = f.job_name AND r.scope IS NULL
+            WHERE nw.unscoped AND r.job_name = f.job_name AND r.scope IS NULL
               AND r.status IN ('SUCCEEDED', 'SKIPPED') AND r.period_start <= t.now
               AND r.partition_of IS NULL
-              AND (SELECT n.scope IS NULL FROM batch_job_run n WHERE n.job_name = f.job_name
-                   ORDER BY n.business_date DESC LIMIT 1)
             ORDER BY r.business_date DESC LIMIT 1) ld ON true
         -- The newest scoped period, by the scoped runs' index.
         LEFT JOIN LATERAL (
