@@ -399,5 +399,15 @@ BEGIN
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
     END LOOP;
+    -- Owner-rights functions are no one's to call but the roles'
+    -- `roles --apply` grants them to (the fold: the worker).
+    FOREACH f IN ARRAY ARRAY[
+        'batch_job_run_failed_list()'::regprocedure,
+        'batch_job_run_tally_insert()'::regprocedure,
+        'batch_job_run_tally_delete()'::regprocedure,
+        'batchonce_fold_tally()'::regprocedure]
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
 END
 $$;
