@@ -176,6 +176,23 @@ fn bin(url: &str, cfg: &PathBuf, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `batchonce runs archive` of the runs before 2026-01-02, as alice, with
+/// `extra` arguments.
+fn archive_cli(url: &str, cfg: &PathBuf, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "runs",
+        "archive",
+        "--before",
+        "2026-01-02",
+        "--operator",
+        "alice",
+        "--reason",
+        "keep one year live",
+    ];
+    args.extend_from_slice(extra);
+    bin(url, cfg, &args)
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -472,21 +489,7 @@ async fn an_archived_key_refuses_a_second_enqueue_and_runs_show_finds_it() {
     .await;
     let file = config_file("show", CONFIG);
     // The command line: dry run, then the archive, printing the audit ids.
-    let out = bin(
-        &db.url,
-        &file,
-        &[
-            "runs",
-            "archive",
-            "--before",
-            "2026-01-02",
-            "--operator",
-            "alice",
-            "--reason",
-            "keep one year live",
-            "--dry-run",
-        ],
-    );
+    let out = archive_cli(&db.url, &file, &["--dry-run"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
@@ -497,20 +500,7 @@ async fn an_archived_key_refuses_a_second_enqueue_and_runs_show_finds_it() {
         count(&db.pool, "SELECT count(*) FROM batch_job_run_archive").await,
         0
     );
-    let out = bin(
-        &db.url,
-        &file,
-        &[
-            "runs",
-            "archive",
-            "--before",
-            "2026-01-02",
-            "--operator",
-            "alice",
-            "--reason",
-            "keep one year live",
-        ],
-    );
+    let out = archive_cli(&db.url, &file, &[]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     let audit: i64 = count(&db.pool, "SELECT max(id) FROM batch_operator_action").await;
@@ -690,20 +680,7 @@ async fn only_the_operator_login_may_archive() {
         pool.close().await;
     }
     // The command line, as the operator's login.
-    let out = bin(
-        &logins.url("operator"),
-        &file,
-        &[
-            "runs",
-            "archive",
-            "--before",
-            "2026-01-02",
-            "--operator",
-            "alice",
-            "--reason",
-            "keep one year live",
-        ],
-    );
+    let out = archive_cli(&logins.url("operator"), &file, &[]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
