@@ -37,7 +37,11 @@ async fn only_an_operator_with_the_token_pauses_and_the_audit_says_who_and_from_
         .unwrap();
     assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
     let viewer = c
-        .post_as(&vera, path, &[("csrf", vera.csrf.as_str()), ("reason", "hold it")])
+        .post_as(
+            &vera,
+            path,
+            &[("csrf", vera.csrf.as_str()), ("reason", "hold it")],
+        )
         .await;
     assert_eq!(viewer.status(), StatusCode::FORBIDDEN);
     assert!(viewer.text().await.unwrap().contains("only an operator"));
@@ -60,7 +64,11 @@ async fn only_an_operator_with_the_token_pauses_and_the_audit_says_who_and_from_
         .unwrap();
     assert_eq!(cross.status(), StatusCode::FORBIDDEN);
     let blank = c
-        .post_as(&alice, path, &[("csrf", alice.csrf.as_str()), ("reason", "  ")])
+        .post_as(
+            &alice,
+            path,
+            &[("csrf", alice.csrf.as_str()), ("reason", "  ")],
+        )
         .await;
     assert_eq!(blank.status(), StatusCode::BAD_REQUEST);
     assert!(paused_by(&c.db.pool).await.is_empty());
@@ -85,27 +93,46 @@ async fn only_an_operator_with_the_token_pauses_and_the_audit_says_who_and_from_
     );
     // Twice: the database's refusal, and nothing changes.
     let again = c
-        .post_as(&alice, path, &[("csrf", alice.csrf.as_str()), ("reason", "again")])
+        .post_as(
+            &alice,
+            path,
+            &[("csrf", alice.csrf.as_str()), ("reason", "again")],
+        )
         .await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert!(again.text().await.unwrap().contains("already paused"));
 
     // The overview marks the job; the audit log lists the row by job.
     let overview = c.get_as(&alice.cookie, "/").await.text().await.unwrap();
-    assert!(overview.contains(r#"<span class="badge PAUSED">paused</span>"#), "{overview}");
+    assert!(
+        overview.contains(r#"<span class="badge PAUSED">paused</span>"#),
+        "{overview}"
+    );
 
     let resume = "/jobs/settle/resume";
     let res = c
-        .post_as(&vera, resume, &[("csrf", vera.csrf.as_str()), ("reason", "go")])
+        .post_as(
+            &vera,
+            resume,
+            &[("csrf", vera.csrf.as_str()), ("reason", "go")],
+        )
         .await;
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
     let res = c
-        .post_as(&alice, resume, &[("csrf", alice.csrf.as_str()), ("reason", "file arrived")])
+        .post_as(
+            &alice,
+            resume,
+            &[("csrf", alice.csrf.as_str()), ("reason", "file arrived")],
+        )
         .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert!(paused_by(&c.db.pool).await.is_empty());
     let res = c
-        .post_as(&alice, resume, &[("csrf", alice.csrf.as_str()), ("reason", "again")])
+        .post_as(
+            &alice,
+            resume,
+            &[("csrf", alice.csrf.as_str()), ("reason", "again")],
+        )
         .await;
     assert_eq!(res.status(), StatusCode::CONFLICT);
     assert!(res.text().await.unwrap().contains("is not paused"));
@@ -129,7 +156,10 @@ async fn only_an_operator_with_the_token_pauses_and_the_audit_says_who_and_from_
     };
     assert_eq!(
         rows,
-        [row("pause", "bank file late (INC-12)"), row("resume", "file arrived")]
+        [
+            row("pause", "bank file late (INC-12)"),
+            row("resume", "file arrived")
+        ]
     );
     let audit = c
         .get_as(&alice.cookie, "/audit?job=settle&action=pause")
@@ -148,7 +178,11 @@ async fn a_job_name_that_is_none_is_refused() {
     let alice = c.login("alice").await;
     for path in ["/jobs/Not%20A%20Job/pause", "/jobs/nobody/pause"] {
         let res = c
-            .post_as(&alice, path, &[("csrf", alice.csrf.as_str()), ("reason", "hold it")])
+            .post_as(
+                &alice,
+                path,
+                &[("csrf", alice.csrf.as_str()), ("reason", "hold it")],
+            )
             .await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{path}");
     }

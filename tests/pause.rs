@@ -148,11 +148,13 @@ async fn a_paused_jobs_runs_are_claimed_by_no_release_until_resumed() {
     assert_lists_in_step(pool).await;
     // So is a run an operator re-runs while the job is paused (through the
     // list-keeping trigger, as the enqueue).
-    sqlx::query("UPDATE batch_job_run SET status = 'FAILED', finished_at = now() WHERE job_key = $1")
-        .bind(keys_of("settle", &[3])[0].as_str())
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE batch_job_run SET status = 'FAILED', finished_at = now() WHERE job_key = $1",
+    )
+    .bind(keys_of("settle", &[3])[0].as_str())
+    .execute(pool)
+    .await
+    .unwrap();
     sqlx::query("UPDATE batch_job_run SET status = 'PENDING', finished_at = NULL, next_run_at = now() WHERE job_key = $1")
         .bind(keys_of("settle", &[3])[0].as_str())
         .execute(pool)
@@ -178,9 +180,14 @@ async fn a_paused_jobs_runs_are_claimed_by_no_release_until_resumed() {
     .fetch_all(pool)
     .await
     .unwrap();
-    let back = pause::resume(pool, &request("settle", "bob", "file arrived"), Clock::Db, None)
-        .await
-        .unwrap();
+    let back = pause::resume(
+        pool,
+        &request("settle", "bob", "file arrived"),
+        Clock::Db,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(back.runs_released, 5);
     assert_lists_in_step(pool).await;
     let mut got = Vec::new();
@@ -232,9 +239,14 @@ async fn pause_and_resume_are_audited_and_refused_when_they_change_nothing() {
         Some(PAUSE_SQLSTATE)
     );
 
-    let back = pause::resume(pool, &request("settle", "bob", "file arrived"), Clock::Db, None)
-        .await
-        .unwrap();
+    let back = pause::resume(
+        pool,
+        &request("settle", "bob", "file arrived"),
+        Clock::Db,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(back.paused_at, first.paused_at);
     match pause::resume(pool, &request("settle", "bob", "again"), Clock::Db, None).await {
         Err(PauseError::Conflict(m)) => assert!(m.contains("is not paused"), "{m}"),
@@ -250,7 +262,10 @@ async fn pause_and_resume_are_audited_and_refused_when_they_change_nothing() {
             other => panic!("pause of {job} with {reason:?}: {other:?}"),
         }
     }
-    assert!(queue::paused_jobs(pool, Clock::Db).await.unwrap().is_empty());
+    assert!(queue::paused_jobs(pool, Clock::Db)
+        .await
+        .unwrap()
+        .is_empty());
     // The lists' check takes the far date only for a paused job's entries.
     assert_lists_in_step(pool).await;
     sqlx::query("UPDATE batch_job_due SET next_run_at = '9999-12-31T00:00:00Z'")
@@ -259,7 +274,10 @@ async fn pause_and_resume_are_audited_and_refused_when_they_change_nothing() {
         .unwrap();
     let p = pool.clone();
     let check = tokio::spawn(async move { assert_lists_in_step(&p).await }).await;
-    assert!(check.is_err_and(|e| e.is_panic()), "a held entry of an active job passed");
+    assert!(
+        check.is_err_and(|e| e.is_panic()),
+        "a held entry of an active job passed"
+    );
     sqlx::query("UPDATE batch_job_due d SET next_run_at = r.next_run_at FROM batch_job_run r WHERE r.job_key = d.job_key")
         .execute(pool)
         .await
@@ -300,9 +318,14 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
     queue::enqueue(pool, &[run("settle", 0), run("other", 0)], Clock::Db)
         .await
         .unwrap();
-    pause::pause(pool, &request("other", "alice", "hold it too"), Clock::Db, None)
-        .await
-        .unwrap();
+    pause::pause(
+        pool,
+        &request("other", "alice", "hold it too"),
+        Clock::Db,
+        None,
+    )
+    .await
+    .unwrap();
     let waiting_on_the_due_list = |pool: PgPool| async move {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'batch_job_due'::regclass \
@@ -326,9 +349,11 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
     let pausing = tokio::spawn(async move {
         pause::pause(&p, &request("settle", "alice", "hold"), Clock::Db, None).await
     });
-    wait_until("the pause to wait for the due list", Duration::from_secs(10), || {
-        waiting_on_the_due_list(pool.clone())
-    })
+    wait_until(
+        "the pause to wait for the due list",
+        Duration::from_secs(10),
+        || waiting_on_the_due_list(pool.clone()),
+    )
     .await;
     enqueue.commit().await.unwrap();
     let done = pausing.await.unwrap().unwrap();
@@ -354,9 +379,11 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
             .await
             .map(|r| r.enqueued.len())
     });
-    wait_until("the enqueue to wait for the due list", Duration::from_secs(10), || {
-        waiting_on_the_due_list(pool.clone())
-    })
+    wait_until(
+        "the enqueue to wait for the due list",
+        Duration::from_secs(10),
+        || waiting_on_the_due_list(pool.clone()),
+    )
     .await;
     open_pause.commit().await.unwrap();
     assert_eq!(enqueuing.await.unwrap().unwrap(), 1);
@@ -388,8 +415,11 @@ async fn only_the_operator_and_console_roles_may_pause_or_resume() {
                 .unwrap();
             let r = sqlx::query(sql).execute(&mut *tx).await;
             tx.commit().await.unwrap();
-            r.err()
-                .and_then(|e| e.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned()))
+            r.err().and_then(|e| {
+                e.as_database_error()
+                    .and_then(|d| d.code())
+                    .map(|c| c.into_owned())
+            })
         }
     };
     let pause_sql = "SELECT * FROM batchonce_operator_pause('settle', 'hold', 'mallory', NULL)";
@@ -400,7 +430,10 @@ async fn only_the_operator_and_console_roles_may_pause_or_resume() {
             "{part} may not pause"
         );
     }
-    assert!(queue::paused_jobs(pool, Clock::Db).await.unwrap().is_empty());
+    assert!(queue::paused_jobs(pool, Clock::Db)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(as_role("operator", pause_sql).await, None);
     let resume_sql = "SELECT * FROM batchonce_operator_resume('settle', 'go', 'kim', NULL)";
     assert_eq!(
@@ -473,7 +506,11 @@ async fn a_finish_that_requeues_nothing_never_reads_the_pause_table() {
             reads,
             "{kind}: {rels:?}"
         );
-        assert!(rels.len() <= 16, "{kind} locks {} relations: {rels:?}", rels.len());
+        assert!(
+            rels.len() <= 16,
+            "{kind} locks {} relations: {rels:?}",
+            rels.len()
+        );
     }
 }
 
@@ -492,11 +529,26 @@ async fn the_exporter_publishes_which_jobs_are_paused_and_for_how_long() {
         .await
         .unwrap();
     let text = handle.render();
-    assert!(text.contains("batchonce_job_paused{job=\"settle\"} 1"), "{text}");
-    assert!(text.contains("batchonce_job_paused{job=\"other\"} 0"), "{text}");
-    assert!(text.contains("batchonce_job_paused{job=\"declared-only\"} 0"), "{text}");
-    assert!(text.contains("batchonce_job_paused_seconds{job=\"settle\"}"), "{text}");
-    assert!(text.contains("batchonce_job_paused_seconds{job=\"other\"} 0"), "{text}");
+    assert!(
+        text.contains("batchonce_job_paused{job=\"settle\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("batchonce_job_paused{job=\"other\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("batchonce_job_paused{job=\"declared-only\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("batchonce_job_paused_seconds{job=\"settle\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("batchonce_job_paused_seconds{job=\"other\"} 0"),
+        "{text}"
+    );
     let gauges = queue::gauges(pool, &[], Clock::Db).await.unwrap();
     let settle = gauges.iter().find(|(j, _)| j.as_str() == "settle").unwrap();
     assert!(settle.1.paused_seconds.is_some_and(|s| s >= 0.0));

@@ -194,7 +194,10 @@ mod tests {
         let page = pause_controls("settle", Some(&paused), &op).into_string();
         assert!(page.contains(r#"action="/jobs/settle/resume""#), "{page}");
         // Stored text is escaped, never markup.
-        assert!(page.contains("&lt;script&gt;x&lt;/script&gt; bank file late"), "{page}");
+        assert!(
+            page.contains("&lt;script&gt;x&lt;/script&gt; bank file late"),
+            "{page}"
+        );
         assert!(!page.contains("<script>"), "{page}");
         let viewer = pause_controls("settle", Some(&paused), &session(Role::Viewer)).into_string();
         assert!(viewer.contains("Paused"), "{viewer}");
