@@ -499,7 +499,7 @@ async fn a_finish_that_requeues_nothing_never_reads_the_pause_table() {
             .execute(&mut *tx)
             .await
             .unwrap();
-        let rels = locked(&mut *tx).await;
+        let rels = locked(&mut tx).await;
         tx.rollback().await.unwrap();
         assert_eq!(
             rels.iter().any(|r| r.starts_with("batch_job_pause")),
