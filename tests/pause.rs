@@ -308,9 +308,10 @@ async fn pause_and_resume_are_audited_and_refused_when_they_change_nothing() {
 
 /// The lock on the due list: an enqueue whose transaction is open when the
 /// pause starts commits first and is held; one that starts while the pause
-/// is open waits for it and is held. Neither leaves a claimable entry.
-/// Another job is paused throughout, so the holding triggers are already
-/// enabled and the pause's own lock is all that orders them.
+/// is open waits for it and is held. Neither leaves a claimable entry. The
+/// first pause also enables the holding triggers, which the waiting enqueue
+/// must then see; for the others another job is paused throughout, so the
+/// triggers are already on and the pause's own lock is all that orders them.
 #[tokio::test]
 async fn an_enqueue_racing_a_pause_is_held_either_way() {
     let db = TestDb::new(&[]).await;
@@ -318,14 +319,6 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
     queue::enqueue(pool, &[run("settle", 0), run("other", 0)], Clock::Db)
         .await
         .unwrap();
-    pause::pause(
-        pool,
-        &request("other", "alice", "hold it too"),
-        Clock::Db,
-        None,
-    )
-    .await
-    .unwrap();
     let waiting_on_the_due_list = |pool: PgPool| async move {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'batch_job_due'::regclass \
@@ -335,6 +328,42 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
         .await
         .unwrap()
     };
+
+    // No job paused yet: a pause open while an enqueue starts. The enqueue
+    // waits, then meets the triggers the pause enabled.
+    let mut first = pool.begin().await.unwrap();
+    sqlx::query("SELECT * FROM batchonce_operator_pause('settle', 'hold', 'bob', NULL)")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    let p = pool.clone();
+    let enqueuing = tokio::spawn(async move {
+        queue::enqueue(&p, &[run("settle", 7)], Clock::Db)
+            .await
+            .map(|r| r.enqueued.len())
+    });
+    wait_until(
+        "the enqueue to wait for the due list",
+        Duration::from_secs(10),
+        || waiting_on_the_due_list(pool.clone()),
+    )
+    .await;
+    first.commit().await.unwrap();
+    assert_eq!(enqueuing.await.unwrap().unwrap(), 1);
+    assert!(claim(pool, &["settle"], 10).await.is_empty());
+    assert_lists_in_step(pool).await;
+    pause::resume(pool, &request("settle", "bob", "go"), Clock::Db, None)
+        .await
+        .unwrap();
+
+    pause::pause(
+        pool,
+        &request("other", "alice", "hold it too"),
+        Clock::Db,
+        None,
+    )
+    .await
+    .unwrap();
 
     // An enqueue in flight: its transaction has listed a run, not committed.
     let mut enqueue = pool.begin().await.unwrap();
@@ -357,7 +386,7 @@ async fn an_enqueue_racing_a_pause_is_held_either_way() {
     .await;
     enqueue.commit().await.unwrap();
     let done = pausing.await.unwrap().unwrap();
-    assert_eq!(done.runs_held, 2, "the committed enqueue's run is held too");
+    assert_eq!(done.runs_held, 3, "the committed enqueue's run is held too");
     assert!(claim(pool, &["settle"], 10).await.is_empty());
     assert_lists_in_step(pool).await;
 
