@@ -41,8 +41,9 @@
 -- Races. The pause locks batch_job_due in SHARE ROW EXCLUSIVE mode before it
 -- pushes the job's entries out, and so does the resume before it puts them
 -- back: every transaction that has written the list commits first (and its
--- entries are seen), and every one that writes it next waits and then sees
--- the pause row (committed or gone) when its trigger reads it. The lock
+-- entries are seen), and every one that writes it next waits, then meets
+-- the triggers as the pause or resume left them and reads the pause row as
+-- it committed. The lock
 -- also holds claims back for the moment the pause takes; the command line
 -- waits for it at most a few seconds (src/queue/pause.rs). A writer in a
 -- REPEATABLE READ transaction that began before a pause committed would not
