@@ -73,6 +73,8 @@ pub const NEWEST_FAILURE: &str = "batchonce_newest_failure_timestamp_seconds";
 pub const LAST_DONE_PERIOD: &str = "batchonce_last_done_period_start_timestamp_seconds";
 pub const DUE_PERIOD: &str = "batchonce_due_period_start_timestamp_seconds";
 pub const BUILD_INFO: &str = "batchonce_build_info";
+pub const JOB_PAUSED: &str = "batchonce_job_paused";
+pub const JOB_PAUSED_SECONDS: &str = "batchonce_job_paused_seconds";
 
 /// Every `outcome` label of [`ATTEMPTS`] and [`RUN_DURATION`].
 pub const OUTCOMES: &[&str] = &[
@@ -121,6 +123,8 @@ pub const ALL: &[&str] = &[
     LAST_DONE_PERIOD,
     DUE_PERIOD,
     BUILD_INFO,
+    JOB_PAUSED,
+    JOB_PAUSED_SECONDS,
 ];
 
 fn describe() {
@@ -249,6 +253,16 @@ fn describe() {
         DUE_PERIOD,
         Unit::Seconds,
         "Unix time the latest period of the job's schedule that is due starts (job)."
+    );
+    describe_gauge!(
+        JOB_PAUSED,
+        Unit::Count,
+        "1 while the job is paused (batchonce jobs pause): its runs are not claimed; 0 otherwise (job)."
+    );
+    describe_gauge!(
+        JOB_PAUSED_SECONDS,
+        Unit::Seconds,
+        "How long the job has been paused, by the database clock; 0 while it is not (job)."
     );
     describe_gauge!(
         BUILD_INFO,

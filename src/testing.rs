@@ -190,7 +190,9 @@ pub async fn wait_for_status(
     .await
 }
 
-/// Every PENDING run listed in `batch_job_due`, every RUNNING run in
+/// Every PENDING run listed in `batch_job_due` (due at its run's
+/// `next_run_at`, or, for a job `batch_job_pause` lists, at 9999-12-31 and
+/// never otherwise: migration 20261210000001), every RUNNING run in
 /// `batch_job_running` and every FAILED run in `batch_job_failed`, and
 /// nothing else listed (migrations 20261207000001 and 20261209000001), and
 /// `batch_job_tally` summing to the SUCCEEDED and SKIPPED runs of each job:
@@ -201,7 +203,10 @@ pub async fn assert_lists_in_step(pool: &PgPool) {
     let rows: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT 'due' AS list, r.job_key::text, r.status::text FROM batch_job_run r \
          WHERE (r.status = 'PENDING') <> EXISTS (SELECT FROM batch_job_due d \
-               WHERE d.job_key = r.job_key AND d.next_run_at = r.next_run_at \
+               WHERE d.job_key = r.job_key \
+                 AND d.next_run_at = CASE WHEN EXISTS (SELECT FROM batch_job_pause p \
+                                                       WHERE p.job_name = r.job_name) \
+                                          THEN '9999-12-31T00:00:00Z' ELSE r.next_run_at END \
                  AND d.job_name = r.job_name AND d.scoped = (r.scope IS NOT NULL)) \
          UNION ALL SELECT 'running', r.job_key::text, r.status::text FROM batch_job_run r \
          WHERE (r.status = 'RUNNING') <> EXISTS (SELECT FROM batch_job_running l \

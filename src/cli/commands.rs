@@ -436,6 +436,13 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 Err(e) => Err(unless_unmigrated(&pool, &registry, e).await),
             }
         }
+        Command::Jobs { command } => {
+            let pool = db::connect(require_url(&cli)?, "batchonce-jobs", 2).await?;
+            match super::jobs::jobs_command(&pool, command, cli.json).await {
+                Ok(code) => Ok(code),
+                Err(e) => Err(unless_unmigrated(&pool, &registry, e).await),
+            }
+        }
         Command::Roles {
             prefix,
             schema,
@@ -470,8 +477,12 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             };
             let drift = crate::runtime::worker_registry::config_drift(&pool).await?;
             let left_out = queue::registry_problems(&pool).await?;
+            // Paused jobs (issue 44): a section of their own, apart from
+            // the per-job counts.
+            let paused = queue::paused_jobs(&pool, Clock::Db).await?;
             if cli.json {
                 let mut v = serde_json::to_value(&st)?;
+                v["paused"] = serde_json::to_value(&paused)?;
                 v["config_drift"] = serde_json::to_value(&drift)?;
                 v["registry_left_out"] = serde_json::to_value(&left_out.0)?;
                 v["registry_left_out_count"] = serde_json::to_value(left_out.1)?;
@@ -527,6 +538,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                         .into_owned()
                     }
                 );
+                super::jobs::print_paused(&paused);
                 print_drift(&drift);
                 print_left_out(&left_out.0, left_out.1);
             }

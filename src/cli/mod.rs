@@ -6,7 +6,7 @@
 //! functions.
 //!
 //! `mod.rs` holds the arguments, `main`, logging and the usage-error line; `commands.rs` what each
-//! top-level command does; `runs.rs` the `runs` subcommands; `watch.rs` `runs watch`; `keys.rs` the
+//! top-level command does; `runs.rs` the `runs` subcommands; `jobs.rs` the `jobs` subcommands; `watch.rs` `runs watch`; `keys.rs` the
 //! date hint for keys; `print.rs` the shared output (`Table`, whose columns are as wide as their
 //! widest cell in terminal columns, `unicode-width`; instants to the second in UTC; ages such as
 //! `3m12s`).
@@ -17,7 +17,8 @@
 //! (`--interval`, `--metrics-addr`), `runs list`, `runs show` (with the operator actions), `runs
 //! stale [--fail-if-dead]`, `runs watch KEY [--interval]`, `runs fail|rerun|skip KEY --reason R
 //! --operator O [--force] [--dry-run]` (each with `after_help`: the states it allows and an
-//! example, which `workers/tests/cli_ux.rs` parses), `status` and `roles` (`--prefix`, `--schema`,
+//! example, which `workers/tests/cli_ux.rs` parses), `jobs pause|resume JOB --reason R --operator
+//! O` and `jobs paused` (`jobs.rs`), `status` and `roles` (`--prefix`, `--schema`,
 //! `--apply`), plus the global options `--database-url`, `--config`, `--json` and `--log-format`
 //! and `--pgbouncer` (which `dispatch` refuses for `migrate`, `roles`, `preflight` and `demo` and
 //! otherwise passes to `db::set_transaction_pooler` before anything connects). Before parsing
@@ -95,6 +96,7 @@ use crate::runtime::job::Registry;
 use crate::text::escape_for_terminal as esc;
 
 mod commands;
+mod jobs;
 mod keys;
 mod print;
 mod runs;
@@ -300,6 +302,11 @@ enum Command {
     Runs {
         #[command(subcommand)]
         command: RunsCommand,
+    },
+    /// Pauses and resumes jobs, and lists the paused ones.
+    Jobs {
+        #[command(subcommand)]
+        command: jobs::JobsCommand,
     },
     /// Counts per job and status, oldest pending run, stale runs.
     Status,

@@ -29,7 +29,7 @@ code, pre { font: 12px ui-monospace, monospace; }
 pre { background: #fff; border: 1px solid #d0d7de; padding: 8px; white-space: pre-wrap; word-break: break-all; margin: 4px 0; }
 .badge { display: inline-block; padding: 0 6px; border-radius: 10px; color: #fff; font-size: 12px; }
 .SUCCEEDED { background: var(--ok); } .FAILED { background: var(--fail); } .RUNNING { background: var(--run); }
-.PENDING { background: var(--pend); } .SKIPPED { background: var(--skip); }
+.PENDING { background: var(--pend); } .SKIPPED { background: var(--skip); } .PAUSED { background: #8250df; }
 .MISSING { background: var(--miss); color: #cf222e; border: 1px dashed #cf222e; }
 .cal { display: grid; grid-template-columns: repeat(auto-fill, minmax(92px, 1fr)); gap: 4px; }
 .cal a, .cal span { display: block; padding: 4px; border-radius: 4px; color: #fff; text-decoration: none; font-size: 12px; min-height: 44px; }
@@ -108,7 +108,7 @@ pub fn badge(status: &str) -> Markup {
     // The class is one of the known states or nothing: a state string from
     // the database never becomes markup.
     let class = match status {
-        "SUCCEEDED" | "FAILED" | "RUNNING" | "PENDING" | "SKIPPED" | "MISSING" => status,
+        "SUCCEEDED" | "FAILED" | "RUNNING" | "PENDING" | "SKIPPED" | "MISSING" | "PAUSED" => status,
         _ => "",
     };
     html! { span class={ "badge " (class) } { (status) } }

@@ -12,6 +12,8 @@
 //! - `calendar.rs`: a job's business periods, including missing ones.
 //! - `run_page.rs`: one run, and the fail / rerun / skip actions with their
 //!   preview.
+//! - `job_actions.rs`: pausing and resuming a job, and its paused state
+//!   with the form for the job's pages.
 //!
 //! Every route but `/healthz`, `/login` and the style sheet needs a
 //! session; every POST needs the session's CSRF token and a same-origin
@@ -25,6 +27,7 @@ pub mod auth;
 mod calendar;
 pub mod client_addr;
 mod html;
+mod job_actions;
 pub mod limits;
 mod login;
 mod pages;
@@ -151,6 +154,8 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
         .route("/runs/{key}/preview", post(run_page::preview))
         .route("/runs/{key}/apply", post(run_page::apply))
         .route("/jobs/{job}", get(pages::calendar))
+        .route("/jobs/{job}/pause", post(job_actions::pause))
+        .route("/jobs/{job}/resume", post(job_actions::resume))
         .route("/scopes", get(scopes_page::scopes))
         .route("/stale", get(pages::stale))
         .route("/audit", get(pages::audit))

@@ -65,7 +65,8 @@ pub(crate) async fn overview(
             @for (job, g) in &gauges {
                 @let job = job.to_string();
                 tr {
-                    td { a href={ "/runs?job=" (encode(&job)) } { (job) } }
+                    td { a href={ "/runs?job=" (encode(&job)) } { (job) }
+                         @if g.paused_seconds.is_some() { " " span.badge.PAUSED { "paused" } } }
                     @match latest.get(&job) {
                         Some(r) => {
                             td { a href=(run_href(&r.job_key)) { (r.job_key) } }
@@ -465,7 +466,7 @@ pub(crate) async fn audit(
             label { "Operator" input type="text" name="operator" value=(opt(&q.operator).unwrap_or("")); }
             label { "Action" select name="action" {
                 option value="" { "any" }
-                @for s in ["fail", "rerun", "skip", "terminate-blocker"] {
+                @for s in ["fail", "rerun", "skip", "terminate-blocker", "archive", "pause", "resume"] {
                     option value=(s) selected[opt(&q.action) == Some(s)] { (s) }
                 }
             } }
@@ -479,8 +480,8 @@ pub(crate) async fn audit(
                     td { (r.operator) br; span.muted { "db user " (r.session_user) } }
                     td { (r.remote_addr.as_deref().map(|x| format!("console, {x}")).unwrap_or_else(|| "command line".into())) }
                     td { (r.action) }
-                    // An archive row names a job's batch (`job:*`), not one run to link to.
-                    td { @if r.action == "archive" { (r.job_key) } @else { a href=(run_href(&r.job_key)) { (r.job_key) } } }
+                    // An archive, pause or resume row names a job (`job:*`), not one run to link to.
+                    td { @if r.job_key.ends_with(":*") { (r.job_key) } @else { a href=(run_href(&r.job_key)) { (r.job_key) } } }
                     td { (badge(&r.before_status)) " → " (badge(&r.after_status)) }
                     td { (r.reason) @if let Some(d) = &r.detail { br; span.muted { (d) } } }
                 }

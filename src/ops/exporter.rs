@@ -1,7 +1,7 @@
 //! `batchonce exporter`: publishes the database-derived gauges (runs per job
 //! and status, oldest pending age, stale runs, last success, newest failure,
-//! newest period done, attempts of the current run, expired leases,
-//! configurations among live processes) from one process, so they are
+//! newest period done, attempts of the current run, expired leases, paused
+//! jobs, configurations among live processes) from one process, so they are
 //! exported once rather than by every worker. It reports every job the
 //! database knows (each job with runs, each job a process registered), not
 //! only those of its own file, and judges each run by the policies the run
@@ -22,8 +22,10 @@
 //! `batchonce_newest_failure_timestamp_seconds` (the label `BatchonceRunFailed` carries, so a
 //! second FAILED key notifies again), `batchonce_last_done_period_start_timestamp_seconds` (what
 //! `BatchonceRunMissed` compares with the producers'
-//! `batchonce_due_period_start_timestamp_seconds`), `batchonce_current_run_attempts` and
-//! `batchonce_expired_leases` (label `job`), `batchonce_config_fingerprints` (label `job`, from
+//! `batchonce_due_period_start_timestamp_seconds`), `batchonce_current_run_attempts`,
+//! `batchonce_expired_leases`, `batchonce_job_paused` (1 while the job is paused, else 0) and
+//! `batchonce_job_paused_seconds` (how long; 0 while not paused) (label `job`; a paused job is
+//! reported even without runs), `batchonce_config_fingerprints` (label `job`, from
 //! `worker_registry::fingerprint_counts`), `batchonce_registry_rows_left_out` (the registry rows
 //! `queue::registry_problems` faults, each also logged with its process id escaped: no view
 //! believes them, and none is taken down by one), and then
@@ -87,7 +89,14 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
         }
         metrics::gauge!(telemetry::CURRENT_ATTEMPTS, "job" => job.clone())
             .set(g.current_attempts as f64);
-        metrics::gauge!(telemetry::EXPIRED_LEASES, "job" => job).set(g.expired_leases as f64);
+        metrics::gauge!(telemetry::EXPIRED_LEASES, "job" => job.clone())
+            .set(g.expired_leases as f64);
+        // Every job reported gets both, 0 while it is not paused, so the
+        // alert on a long pause and a dashboard see a series for each.
+        metrics::gauge!(telemetry::JOB_PAUSED, "job" => job.clone())
+            .set(if g.paused_seconds.is_some() { 1.0 } else { 0.0 });
+        metrics::gauge!(telemetry::JOB_PAUSED_SECONDS, "job" => job)
+            .set(g.paused_seconds.unwrap_or(0.0));
     }
     for (job, n) in crate::runtime::worker_registry::fingerprint_counts(pool).await? {
         metrics::gauge!(telemetry::CONFIG_FINGERPRINTS, "job" => job).set(n as f64);

@@ -51,6 +51,7 @@ pub const ENGINE_TABLES: &[&str] = &[
     "batch_fence_held",
     "batch_job_failed",
     "batch_job_tally",
+    "batch_job_pause",
     "_sqlx_migrations",
 ];
 
@@ -69,9 +70,14 @@ const AUDIT_FUNCTIONS: &[&str] = &[
 /// this name exists, the operator and console keep `pg_signal_backend`.
 const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
 
-/// Operator functions a later migration adds (with the terminate function),
-/// granted to the operator and console once they exist.
-const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_terminate_sessions"];
+/// Operator functions a later migration adds (with the terminate function;
+/// pause and resume, issue 44), granted to the operator and console once
+/// they exist: a console operator pauses a job from its page.
+const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &[
+    "batchonce_operator_audit_terminate_sessions",
+    "batchonce_operator_pause",
+    "batchonce_operator_resume",
+];
 
 /// Worker functions a later migration adds, granted to the worker once they
 /// exist: the fold of the run counts (20261209000001), which every worker's
@@ -427,7 +433,7 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
          \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
          \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
          \x20   END LOOP;\n\
-         \x20   -- The same migration's audit row that names the sessions to end.\n\
+         \x20   -- The audit row that names the sessions to end; pause and resume.\n\
          \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
          \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional}])\n\
          \x20   LOOP\n\

@@ -29,6 +29,8 @@
 //! - `context.rs`: the run-context columns (binding them at enqueue, reading
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
+//! - `pause.rs`: paused jobs (`batch_job_pause`): pause and resume through
+//!   the audited functions, and the list of paused jobs.
 //! - `partitions.rs`: partitioned runs: the `Step` a lease is for and a
 //!   parent's partitions (the rules live in the migration's trigger).
 //! - `runs.rs`: `runs list`, `runs show` and a run's operator history.
@@ -54,6 +56,7 @@ mod enqueue;
 mod finish;
 mod lease;
 mod partitions;
+pub mod pause;
 mod runs;
 mod scopes;
 mod search;
@@ -82,6 +85,7 @@ pub use lease::{
     MIN_FENCED_IDLE,
 };
 pub use partitions::{is_waiting, partitions, Step, WAITING_YEAR};
+pub use pause::{paused_jobs, Paused};
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
 pub use scopes::{scope_periods, ScopePeriod, ScopeState, MAX_PERIODS, NAMED as NAMED_SCOPES};
 pub use search::{

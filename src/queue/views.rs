@@ -29,8 +29,12 @@
 //!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
 //!   (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every scope of it is done),
 //!   the most `attempts` among PENDING and RUNNING runs, RUNNING runs with an expired lease, and
-//!   the scoped runs of the job's newest scoped period per status with that period's start. A job without runs gets zeros, so the alert rules always
-//!   see a series.
+//!   the scoped runs of the job's newest scoped period per status with that period's start, and
+//!   how long the job has been paused (`batch_job_pause`; a paused job is reported even without
+//!   runs). A job without runs gets zeros, so the alert rules always see a series. A paused
+//!   job's PENDING runs are counted, but their due entries are held at 9999-12-31, so none of
+//!   them is the oldest due PENDING run (here and in `status`): the pause gauges say why they
+//!   wait.
 //! - Every view here costs what is open and what it shows, never the ledger's history
 //!   (`tests/ledger_views.rs`): counts come from the lists of PENDING, RUNNING and FAILED runs and
 //!   from `batch_job_tally` ([`COUNTS`], migration 20261209000001), every run is read by its key,
@@ -470,6 +474,10 @@ pub struct JobGauges {
     /// The start of that period, `None` for a job without scoped runs (or
     /// one whose runs store no period).
     pub scope_period_start_unix: Option<f64>,
+    /// How long the job has been paused (`batchonce jobs pause`), `None`
+    /// while it is not. A paused job's PENDING runs count above, but their
+    /// due entries are held, so none of them is the oldest due one.
+    pub paused_seconds: Option<f64>,
 }
 
 /// Reads every gauge the exporter publishes, in one statement, for every
@@ -500,6 +508,7 @@ pub async fn gauges(
                   JOIN batch_worker w ON w.worker_id = c.process_id
                   WHERE {WORKER_PROBLEM} IS NULL AND {CONFIG_PROBLEM} IS NULL
             UNION SELECT unnest($4::text[])
+            UNION SELECT p.job_name::text FROM batch_job_pause p
         ),
         -- Each scoped job's periods newest first, one probe each through
         -- the scoped runs' index, for as long as the period is open (a
@@ -569,7 +578,9 @@ pub async fn gauges(
               WHERE r.job_name = f.job_name AND r.scope IS NOT NULL
                 AND r.partition_of IS NULL AND r.period_start = sp.ps
               GROUP BY status) s) AS scopes,
-          extract(epoch FROM sp.ps)::float8 AS scope_period
+          extract(epoch FROM sp.ps)::float8 AS scope_period,
+          (SELECT extract(epoch FROM t.now - p.paused_at)::float8
+             FROM batch_job_pause p WHERE p.job_name = f.job_name) AS paused
         FROM jobs f CROSS JOIN t
         -- An unscoped job's newest business date with a period done: its
         -- runs newest first through (job_name, business_date), stopping at
@@ -629,6 +640,7 @@ pub async fn gauges(
                     expired_leases: r.try_get("expired")?,
                     scopes,
                     scope_period_start_unix: r.try_get("scope_period")?,
+                    paused_seconds: r.try_get("paused")?,
                 },
             ))
         })
