@@ -26,6 +26,11 @@
 //!   through them (lock timeout, audited termination).
 //! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
 //!   non-owner's enqueue must match them; the migration checks).
+//! - `expected.rs`: the periods a job's stored schedule made due (declared,
+//!   else recorded by a producer), and the window MISSING periods are in.
+//! - `health.rs`: each job's MISSING, overdue, FAILED, stale, PENDING and
+//!   RUNNING runs, who serves it, and the banners: the one answer the
+//!   console's overview and `status` print.
 //! - `context.rs`: the run-context columns (binding them at enqueue, reading
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
@@ -51,7 +56,9 @@ pub mod blockers;
 pub mod context;
 mod declared;
 mod enqueue;
+mod expected;
 mod finish;
+mod health;
 mod lease;
 mod partitions;
 mod runs;
@@ -72,10 +79,16 @@ pub use enqueue::{
     count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,
     PREFLIGHT_JOB,
 };
+pub use expected::{DuePeriod, Expected, FirstPeriod, SettingsSource, Window};
 pub use finish::{
     backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, fold_tally,
     record_output, recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,
     MAX_OUTPUT_CHARS,
+};
+pub use health::{
+    job_health, job_schedule, periods_without_runs, recent_runs, why_missing, Banner, Health,
+    JobHealth, JobSchedule, Missing, MissingPeriod, Producers, RecentRun, ScheduleInfo,
+    MAX_CHECKED_PERIODS, MISSING_LISTED, OVERDUE_AFTER, RECENT_RUNS,
 };
 pub use lease::{
     begin_fenced, claim, heartbeat, ClaimSpec, Fence, FencedTx, HeartbeatReport, HeldLease, Lease,
