@@ -359,7 +359,7 @@ fn page_body(
                 "Schedule " code { (e.schedule.as_str()) } " in " (e.timezone.name())
                 ", covers " (e.covers.as_str()) ", catch-up " (humantime::format_duration(e.catch_up.to_std().unwrap_or_default()))
                 ", " (e.source.describe()) ". Periods are shown in " (e.timezone.name())
-                " (hover for UTC), up to now."
+                @if e.timezone != chrono_tz::UTC { " (hover for UTC)" } ", up to now."
                 @if let Some(f) = &sched.window.first { " The job's first period is on " (f.date) "." }
                 " The catch-up horizon is " (e.local(e.horizon(sched.window.now))) "."
             },

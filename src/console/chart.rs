@@ -1,8 +1,8 @@
 //! A job's newest runs as an inline SVG chart (no script, no image file:
-//! the page's policy allows neither): one bar per run, oldest on the left,
-//! its height the run's duration, a line over them for the items processed,
-//! and FAILED runs red and marked with a ✕ and their `<title>`, so a
-//! failure is not told by colour alone. Every text in it is escaped by the
+//! the page's policy allows neither): one bar per run, the newest on the
+//! right edge, its height the run's duration, a line over them for the
+//! items processed, and FAILED runs red and marked with a ✕ and their
+//! `<title>`, so a failure is not told by colour alone. Every text in it is escaped by the
 //! templates like any other. Small on the overview, larger on a job's
 //! calendar page, with its scale written out.
 
@@ -77,7 +77,9 @@ pub(crate) fn runs_chart(job: &str, runs: &[RecentRun], size: Size) -> Markup {
         runs.len(),
         age(longest),
     );
-    let x_of = |i: usize| left + i as f64 * slot;
+    // The newest run on the right edge, whatever the number of runs.
+    let empty = (RECENT_RUNS as usize).saturating_sub(runs.len());
+    let x_of = |i: usize| left + (empty + i) as f64 * slot;
     let points: Vec<String> = runs
         .iter()
         .enumerate()

@@ -488,11 +488,13 @@ pub fn why_missing(
     job_producers: i64,
     producers: &Producers,
 ) -> String {
-    let due = format!(
-        "due at {} ({}) and no run exists",
-        e.local(p.due_at),
-        p.due_at.format("%Y-%m-%d %H:%M UTC")
-    );
+    // The UTC instant too, unless the business zone is UTC itself.
+    let utc = if e.timezone == chrono_tz::UTC {
+        String::new()
+    } else {
+        format!(" ({})", p.due_at.format("%Y-%m-%d %H:%M UTC"))
+    };
+    let due = format!("due at {}{utc} and no run exists", e.local(p.due_at));
     if p.due_at <= e.horizon(now) {
         format!(
             "{due}; it is older than the catch-up horizon (catch_up {}), so no producer enqueues it any more: enqueue it by hand",
