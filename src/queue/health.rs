@@ -31,7 +31,6 @@
 //!   due or retrying, not parked) and no live worker serves it;
 //!   [`Banner::NoProducer`] when some job has a schedule and no producer is
 //!   live, i.e. none ticked within three of its intervals.
-//! - `recent_runs` gives each job's newest runs for the console's charts.
 //!
 //! Every statement reads the open work, the registry and one index probe per
 //! job or period (`tests/ledger_views.rs`).
@@ -40,7 +39,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::expected::{DuePeriod, Expected, FirstPeriod, SettingsSource, Window};
 use super::{QueueError, CONFIG_PROBLEM, WAITING_YEAR, WORKER_PROBLEM};
@@ -54,8 +53,6 @@ pub const OVERDUE_AFTER: Duration = Duration::from_secs(300);
 pub const MAX_CHECKED_PERIODS: usize = 1_000;
 /// How many MISSING periods each job lists (the oldest ones).
 pub const MISSING_LISTED: usize = 5;
-/// Runs per job in the console's charts.
-pub const RECENT_RUNS: i64 = 30;
 
 /// Every job's health and the banners, at one instant of the database clock.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -717,68 +714,6 @@ pub async fn job_health(pool: &PgPool, clock: Clock) -> Result<Health, QueueErro
         workers_without_jobs: reg.workers_without_jobs,
         banners,
     })
-}
-
-/// One of a job's newest runs, for a chart.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RecentRun {
-    pub job_key: String,
-    pub job_name: String,
-    pub business_date: NaiveDate,
-    pub status: String,
-    pub processed_count: i64,
-    pub failed_count: i64,
-    /// From the current attempt's start to its finish (to now while
-    /// RUNNING); `None` for a run that never started.
-    pub duration_seconds: Option<f64>,
-    /// The first 200 characters of its error.
-    pub error: Option<String>,
-}
-
-/// Each job's newest `per_job` runs (not partitions), newest business date
-/// first: each through the `(job_name, business_date)` index, read
-/// backwards.
-pub async fn recent_runs(
-    pool: &PgPool,
-    jobs: &[String],
-    per_job: i64,
-    clock: Clock,
-) -> Result<BTreeMap<String, Vec<RecentRun>>, QueueError> {
-    if jobs.is_empty() {
-        return Ok(BTreeMap::new());
-    }
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = crate::db::query(
-        "SELECT x.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL ( \
-           SELECT r.job_key::text, r.job_name::text, r.business_date, r.status::text, \
-                  r.processed_count, r.failed_count, left(r.error_message, 200) AS error, \
-                  extract(epoch FROM COALESCE(r.finished_at, \
-                    CASE WHEN r.status = 'RUNNING' THEN COALESCE($3, now()) END) \
-                    - r.started_at)::float8 AS secs \
-           FROM batch_job_run r WHERE r.job_name = j.name AND r.partition_of IS NULL \
-           ORDER BY r.business_date DESC, r.job_key DESC LIMIT $2) x",
-    )
-    .bind(jobs)
-    .bind(per_job)
-    .bind(clock.bind())
-    .fetch_all(stmt.conn())
-    .await?;
-    stmt.done().await?;
-    let mut out: BTreeMap<String, Vec<RecentRun>> = BTreeMap::new();
-    for r in rows {
-        let run = RecentRun {
-            job_key: r.try_get("job_key")?,
-            job_name: r.try_get("job_name")?,
-            business_date: r.try_get("business_date")?,
-            status: r.try_get("status")?,
-            processed_count: r.try_get("processed_count")?,
-            failed_count: r.try_get("failed_count")?,
-            duration_seconds: r.try_get::<Option<f64>, _>("secs")?.map(|s| s.max(0.0)),
-            error: r.try_get("error")?,
-        };
-        out.entry(run.job_name.clone()).or_default().push(run);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

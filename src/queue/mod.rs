@@ -86,9 +86,9 @@ pub use finish::{
     MAX_OUTPUT_CHARS,
 };
 pub use health::{
-    job_health, job_schedule, periods_without_runs, recent_runs, why_missing, Banner, Health,
-    JobHealth, JobSchedule, Missing, MissingPeriod, Producers, RecentRun, ScheduleInfo,
-    MAX_CHECKED_PERIODS, MISSING_LISTED, OVERDUE_AFTER, RECENT_RUNS,
+    job_health, job_schedule, periods_without_runs, why_missing, Banner, Health, JobHealth,
+    JobSchedule, Missing, MissingPeriod, Producers, ScheduleInfo, MAX_CHECKED_PERIODS,
+    MISSING_LISTED, OVERDUE_AFTER,
 };
 pub use lease::{
     begin_fenced, claim, heartbeat, ClaimSpec, Fence, FencedTx, HeartbeatReport, HeldLease, Lease,
@@ -98,7 +98,8 @@ pub use partitions::{is_waiting, partitions, Step, WAITING_YEAR};
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
 pub use scopes::{scope_periods, ScopePeriod, ScopeState, MAX_PERIODS, NAMED as NAMED_SCOPES};
 pub use search::{
-    audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,
+    audit_log, database_now, latest_runs, recent_runs, search_runs, AuditFilter, AuditRow,
+    RecentRun, RunCursor, RunFilter, RECENT_RUNS,
 };
 pub use views::{
     gauges, registry_problems, stale_runs, status, JobGauges, QueueStatus, RegistryProblem,
