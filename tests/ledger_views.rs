@@ -8,7 +8,8 @@
 //! generic ones it makes after five runs. The bound is the open work, what
 //! the view shows and one scoped period (the newest, which `status` and the
 //! exporter show per state), with room to spare: a tenth of the ledger. The
-//! views before issue 43 read all of it.
+//! views before issue 43 read all of it. Each job's health (issue 44) probes
+//! its MISSING periods by key, never its history.
 
 use std::time::Duration;
 
@@ -105,6 +106,26 @@ async fn ledger(pool: &PgPool) {
     }];
     let claimed = queue::claim(pool, "w", &spec, 1, Clock::Db).await.unwrap();
     assert_eq!(claimed.len(), 1);
+    // Both jobs are declared daily, with 60 days of catch-up: their MISSING
+    // periods (the last 60 days, long after the ledger's) are probed by key.
+    let mut jobs = std::collections::BTreeMap::new();
+    let cfg = batchonce::JobConfig {
+        schedule: Some(batchonce::schedule::CronSchedule::parse("0 0 * * *").unwrap()),
+        catch_up: Duration::from_secs(60 * 86_400),
+        ..batchonce::JobConfig::default()
+    };
+    jobs.insert(daily(), cfg.clone());
+    let scopes = (0..SCOPES)
+        .map(|s| Scope::parse(&format!("seller-{s}")).unwrap())
+        .collect();
+    jobs.insert(
+        scoped(),
+        batchonce::JobConfig {
+            scopes: Some(batchonce::config::ScopeSource::List(scopes)),
+            ..cfg
+        },
+    );
+    queue::declare(pool, &jobs).await.unwrap();
     // As autovacuum would have; and the tally folded, as workers do.
     sqlx::query("VACUUM ANALYZE batch_job_run")
         .execute(pool)
@@ -229,6 +250,27 @@ async fn check_views(db: &TestDb) {
     within_bound(db, "the exporter's gauges", |p| async move {
         let g = queue::gauges(&p, &[], Clock::Db).await.unwrap();
         assert_eq!(g.len(), 2);
+    })
+    .await;
+    within_bound(db, "each job's health", |p| async move {
+        let h = queue::job_health(&p, Clock::Db).await.unwrap();
+        assert_eq!(h.jobs.len(), 2);
+        for j in &h.jobs {
+            assert!(j.missing.known && j.missing.count >= 59, "{j:?}");
+        }
+    })
+    .await;
+    within_bound(db, "the status command", |p| async move {
+        let out = batchonce::cli::status_output(&p, true).await.unwrap();
+        assert!(out.contains("\"jobs\""));
+    })
+    .await;
+    within_bound(db, "the console's charts", |p| async move {
+        let names = vec![daily().to_string(), scoped().to_string()];
+        let recent = queue::recent_runs(&p, &names, queue::RECENT_RUNS, Clock::Db)
+            .await
+            .unwrap();
+        assert!(recent.values().all(|r| r.len() == 30), "{recent:?}");
     })
     .await;
     within_bound(db, "runs stale", |p| async move {

@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 
-use super::print::{print_drift, print_left_out, Align, Table};
 use super::runs::runs_command;
 use super::{load_config, require_url, served_jobs, validate_worker_id, Cli, Command};
 use crate::clock::Clock;
@@ -19,7 +18,6 @@ use crate::queue;
 use crate::runtime::job::Registry;
 use crate::runtime::producer;
 use crate::runtime::worker::{self, Shutdown, WorkerOptions};
-use crate::text::{escape_for_terminal as esc, json_for_terminal};
 
 pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<ExitCode> {
     if cli.pgbouncer {
@@ -283,16 +281,19 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 // One row per host for producers run by a timer, however
                 // many times they run.
                 let id = format!("producer-once-{}", host_name());
+                let report = producer::tick(&pool, &config, clock)
+                    .await
+                    .context("producer tick failed")?;
+                // Registered once it has ticked, as live as three of its
+                // timer's periods (`--interval`), so the console tells
+                // when the timer stopped firing.
                 producer::register(
                     &pool,
                     &config,
                     &id,
-                    crate::runtime::worker_registry::ONE_SHOT_LIVE,
+                    producer::once_live_for(&config, *interval),
                 )
                 .await;
-                let report = producer::tick(&pool, &config, clock)
-                    .await
-                    .context("producer tick failed")?;
                 producer::log_tick(&report);
                 if cli.json {
                     println!("{}", serde_json::to_string(&report)?);
@@ -328,11 +329,12 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             spawn_signal_handler(signals.clone())?;
             let server = spawn_metrics(*metrics_addr, &pool, &signals);
             tracing::info!(
-                interval_ms = interval.as_millis() as u64,
+                interval_ms = interval.unwrap_or(producer::DEFAULT_INTERVAL).as_millis() as u64,
                 "producer started"
             );
             let id = format!("producer-{}", default_worker_id());
-            producer::run(pool, config, clock, *interval, id, signals.shutdown.clone()).await;
+            let interval = interval.unwrap_or(producer::DEFAULT_INTERVAL);
+            producer::run(pool, config, clock, interval, id, signals.shutdown.clone()).await;
             let _ = server.await;
             tracing::info!("producer stopped");
             Ok(ExitCode::SUCCESS)
@@ -471,120 +473,13 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         }
         Command::Status => {
             let pool = db::connect(require_url(&cli)?, "batchonce-status", 2).await?;
-            let st = match queue::status(&pool, Clock::Db).await {
-                Ok(st) => st,
-                Err(e) => return Err(unless_unmigrated(&pool, &registry, e.into()).await),
-            };
-            let drift = crate::runtime::worker_registry::config_drift(&pool).await?;
-            let left_out = queue::registry_problems(&pool).await?;
-            // Paused jobs (issue 44): a section of their own, apart from
-            // the per-job counts.
-            let paused = queue::paused_jobs(&pool, Clock::Db).await?;
-            if cli.json {
-                let mut v = serde_json::to_value(&st)?;
-                v["paused"] = serde_json::to_value(&paused)?;
-                v["config_drift"] = serde_json::to_value(&drift)?;
-                v["registry_left_out"] = serde_json::to_value(&left_out.0)?;
-                v["registry_left_out_count"] = serde_json::to_value(left_out.1)?;
-                println!("{}", json_for_terminal(&v)?);
-            } else {
-                let mut t = Table::new(&[
-                    ("JOB", Align::Left),
-                    ("STATUS", Align::Left),
-                    ("RUNS", Align::Right),
-                ]);
-                for c in &st.counts {
-                    t.row(vec![
-                        esc(&c.job_name).into_owned(),
-                        esc(&c.status).into_owned(),
-                        c.runs.to_string(),
-                    ]);
+            match super::status::status_output(&pool, cli.json).await {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(ExitCode::SUCCESS)
                 }
-                t.print();
-                if !st.partitions.is_empty() {
-                    // A partitioned run counts once above, by its parent; its
-                    // partitions are leased apart and counted here.
-                    let mut t = Table::new(&[
-                        ("JOB", Align::Left),
-                        ("STATUS", Align::Left),
-                        ("PARTITIONS", Align::Right),
-                    ]);
-                    for c in &st.partitions {
-                        t.row(vec![
-                            esc(&c.job_name).into_owned(),
-                            esc(&c.status).into_owned(),
-                            c.runs.to_string(),
-                        ]);
-                    }
-                    t.print();
-                }
-                print_scopes(&st.scopes);
-                match st.oldest_pending_seconds {
-                    Some(s) => println!("oldest due pending run: {s:.0}s"),
-                    None => println!("oldest due pending run: none"),
-                }
-                println!("expired leases: {}", st.expired_leases);
-                println!(
-                    "stale runs: {}",
-                    if st.stale.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        esc(&st
-                            .stale
-                            .iter()
-                            .map(|s| format!("{} ({})", s.job_key, s.conclusion))
-                            .collect::<Vec<_>>()
-                            .join(", "))
-                        .into_owned()
-                    }
-                );
-                super::jobs::print_paused(&paused);
-                print_drift(&drift);
-                print_left_out(&left_out.0, left_out.1);
+                Err(e) => Err(unless_unmigrated(&pool, &registry, e).await),
             }
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-/// The scoped jobs' periods under `status`: one row per period with its
-/// scopes per state, then, for each state but SUCCEEDED, the scopes in it
-/// (the first few by name, the rest counted).
-fn print_scopes(periods: &[queue::ScopePeriod]) {
-    if periods.is_empty() {
-        return;
-    }
-    let mut cols = vec![("PERIOD", Align::Left), ("SCOPES", Align::Right)];
-    cols.extend(
-        queue::RunStatus::ALL
-            .iter()
-            .map(|s| (s.as_str(), Align::Right)),
-    );
-    let mut t = Table::new(&cols);
-    for p in periods {
-        let mut row = vec![esc(&p.period_key).into_owned(), p.scopes.to_string()];
-        row.extend(p.states.iter().map(|s| s.count.to_string()));
-        t.row(row);
-    }
-    t.print();
-    for p in periods {
-        for s in p
-            .states
-            .iter()
-            .filter(|s| s.count > 0 && s.status != "SUCCEEDED")
-        {
-            let more = s.count - s.named.len() as i64;
-            let more = if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            };
-            println!(
-                "  {} {}: {}{more}",
-                esc(&p.period_key),
-                s.status,
-                esc(&s.named.join(", "))
-            );
         }
     }
 }

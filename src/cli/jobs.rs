@@ -1,5 +1,5 @@
 //! `batchonce jobs ...`: pausing and resuming a job (issue 44), and the
-//! list of paused jobs, which `status` shows too ([`print_paused`]).
+//! list of paused jobs, which `status` shows too ([`paused_text`]).
 //!
 //! `jobs pause JOB --reason R --operator O` and `jobs resume JOB --reason R
 //! --operator O` check the job name (`JobName::parse`), `--operator` and
@@ -132,15 +132,18 @@ pub(super) async fn jobs_command(
 }
 
 /// The paused jobs under `status`, one line each; nothing when none is.
-pub(super) fn print_paused(paused: &[queue::Paused]) {
-    for p in paused {
-        println!(
-            "paused: {} since {} ({}) by {}: {}",
-            esc(&p.job),
-            time(p.paused_at),
-            seconds(p.paused_seconds),
-            esc(&p.paused_by),
-            esc(&p.reason)
-        );
-    }
+pub(super) fn paused_text(paused: &[queue::Paused]) -> String {
+    paused
+        .iter()
+        .map(|p| {
+            format!(
+                "paused: {} since {} ({}) by {}: {}\n",
+                esc(&p.job),
+                time(p.paused_at),
+                seconds(p.paused_seconds),
+                esc(&p.paused_by),
+                esc(&p.reason)
+            )
+        })
+        .collect()
 }

@@ -100,9 +100,11 @@ mod jobs;
 mod keys;
 mod print;
 mod runs;
+mod status;
 mod watch;
 
 use commands::dispatch;
+pub use status::status_output;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -177,9 +179,11 @@ enum Command {
         /// One tick, then exit.
         #[arg(long)]
         once: bool,
-        /// Time between ticks.
-        #[arg(long, default_value = "15s", value_parser = duration_arg)]
-        interval: Duration,
+        /// Time between ticks (default 15s). With --once: the period of the timer that runs it;
+        /// the producer counts as live for three of them (without it, for three of the shortest
+        /// time between two firings of its jobs' schedules).
+        #[arg(long, value_parser = duration_arg)]
+        interval: Option<Duration>,
         /// Simulate this moment (RFC 3339) instead of the database clock: it decides which
         /// periods are due. The runs are stamped with it only under the schema owner's login (tests);
         /// under any other login they are stamped with the database clock.

@@ -10,38 +10,58 @@ pub(super) fn distinct_fingerprints(d: &crate::runtime::worker_registry::ConfigD
 
 /// Prints which live processes disagree about which jobs, and on which keys.
 pub(super) fn print_drift(drift: &[crate::runtime::worker_registry::ConfigDrift]) {
-    if drift.is_empty() {
-        println!("configuration drift: none (live processes agree)");
-        return;
+    for line in drift_lines(drift) {
+        println!("{line}");
     }
+}
+
+/// The lines of [`print_drift`].
+pub(super) fn drift_lines(drift: &[crate::runtime::worker_registry::ConfigDrift]) -> Vec<String> {
+    if drift.is_empty() {
+        return vec!["configuration drift: none (live processes agree)".to_owned()];
+    }
+    let mut out = Vec::new();
     for d in drift {
-        println!(
+        out.push(format!(
             "configuration drift: {} is run with {} different configurations; keys that differ: {}",
             esc(&d.job_name),
             distinct_fingerprints(d),
             esc(&d.keys.join(", "))
-        );
+        ));
         for p in &d.processes {
-            println!(
+            out.push(format!(
                 "  {}  {} {} on {}",
                 esc(&p.fingerprint),
                 esc(&p.role),
                 esc(&p.process_id),
                 esc(&p.host)
-            );
+            ));
         }
     }
+    out
 }
 
 /// Names the registry rows every view leaves out (`queue::registry_problems`),
 /// one line each, escaped; nothing when there are none.
 pub(super) fn print_left_out(rows: &[crate::queue::RegistryProblem], total: i64) {
-    for p in rows {
-        println!("registry: left out {}", esc(&p.describe()));
+    for line in left_out_lines(rows, total) {
+        println!("{line}");
     }
+}
+
+/// The lines of [`print_left_out`].
+pub(super) fn left_out_lines(rows: &[crate::queue::RegistryProblem], total: i64) -> Vec<String> {
+    let mut out: Vec<String> = rows
+        .iter()
+        .map(|p| format!("registry: left out {}", esc(&p.describe())))
+        .collect();
     if total > rows.len() as i64 {
-        println!("registry: {} more rows left out", total - rows.len() as i64);
+        out.push(format!(
+            "registry: {} more rows left out",
+            total - rows.len() as i64
+        ));
     }
+    out
 }
 
 /// An instant as the text output shows it: UTC to the second, always the
@@ -136,6 +156,11 @@ impl Table {
         for line in self.lines("") {
             println!("{line}");
         }
+    }
+
+    /// The table as text, a line each, ending in a line break.
+    pub(super) fn text(&self) -> String {
+        self.lines("").iter().map(|l| format!("{l}\n")).collect()
     }
 }
 

@@ -31,9 +31,27 @@ pre { background: #fff; border: 1px solid #d0d7de; padding: 8px; white-space: pr
 .SUCCEEDED { background: var(--ok); } .FAILED { background: var(--fail); } .RUNNING { background: var(--run); }
 .PENDING { background: var(--pend); } .SKIPPED { background: var(--skip); } .PAUSED { background: #8250df; }
 .MISSING { background: var(--miss); color: #cf222e; border: 1px dashed #cf222e; }
-.cal { display: grid; grid-template-columns: repeat(auto-fill, minmax(92px, 1fr)); gap: 4px; }
-.cal a, .cal span { display: block; padding: 4px; border-radius: 4px; color: #fff; text-decoration: none; font-size: 12px; min-height: 44px; }
-.cal .MISSING { color: #cf222e; }
+.cal { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 4px; }
+.cell { display: block; padding: 4px; border-radius: 4px; color: #fff; text-decoration: none; font-size: 12px; min-height: 44px; }
+.cell.MISSING { color: #cf222e; }
+.ARCHIVED { background: #d0d7de; color: #1f2328; }
+table.weeks { table-layout: fixed; }
+table.weeks th { text-align: center; }
+table.weeks td { padding: 2px; height: 64px; }
+table.weeks td.out { background: #f6f8fa; }
+table.weeks td.none { color: #6e7781; font-size: 12px; }
+label.pick { display: block; font-size: 12px; color: #1f2328; }
+.banner { font-weight: 600; }
+.refresh { float: right; font-size: 12px; }
+ul.compact { margin: 2px 0 0; padding-left: 16px; font-size: 12px; }
+svg.chart { background: #fff; border: 1px solid #d0d7de; vertical-align: middle; }
+svg.chart .bar { fill: #0969da; }
+svg.chart .bar.ok { fill: var(--ok); }
+svg.chart .bar.failed { fill: var(--fail); }
+svg.chart .bar.pending, svg.chart .bar.skipped { fill: var(--skip); }
+svg.chart .items { fill: none; stroke: #9a6700; stroke-width: 1.5; }
+svg.chart .mark { fill: var(--fail); font-size: 10px; font-weight: 700; }
+svg.chart .axis { fill: #6e7781; font-size: 10px; }
 .note { background: #fff8c5; border: 1px solid #d4a72c; padding: 8px; margin: 8px 0; }
 .error { background: #ffebe9; border: 1px solid #cf222e; padding: 8px; margin: 8px 0; }
 .done { background: #dafbe1; border: 1px solid #1a7f37; padding: 8px; margin: 8px 0; }
@@ -49,13 +67,22 @@ button { font: inherit; padding: 3px 10px; cursor: pointer; }
 .login input { width: 100%; }
 "#;
 
+/// Seconds after which a page that refreshes itself reloads.
+pub const REFRESH_SECONDS: u32 = 10;
+
 /// A whole page: the header with navigation and the signed-in user, then
 /// `body`.
 pub fn page(title: &str, session: &Session, body: Markup) -> Markup {
+    page_with(title, session, body, None)
+}
+
+/// [`page`], reloading itself every `refresh` seconds when set: a meta
+/// refresh, since the page runs no script.
+pub fn page_with(title: &str, session: &Session, body: Markup, refresh: Option<u32>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, refresh))
             body {
                 header {
                     strong { a href="/" { "batchonce" } }
@@ -86,19 +113,42 @@ pub fn bare(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, None))
             body { (body) }
         }
     }
 }
 
-fn head(title: &str) -> Markup {
+fn head(title: &str, refresh: Option<u32>) -> Markup {
     html! {
         head {
             meta charset="utf-8";
+            @if let Some(s) = refresh { meta http-equiv="refresh" content=(s); }
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · batchonce" }
             link rel="stylesheet" href="/console.css";
+        }
+    }
+}
+
+/// Whether a page refreshes itself, from its `refresh` query value: on
+/// unless it is `off`.
+pub fn refresh_on(value: Option<&str>) -> bool {
+    value != Some("off")
+}
+
+/// The link that turns a page's refresh off (to `path` with
+/// `refresh=off`) or back on (to `path`); `path` may carry a query.
+pub fn refresh_toggle(path: &str, on: bool) -> Markup {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    html! {
+        p.refresh {
+            @if on {
+                "Refreshes every " (REFRESH_SECONDS) " s. "
+                a href={ (path) (sep) "refresh=off" } { "Stop refreshing" }
+            } @else {
+                "Not refreshing. " a href=(path) { "Refresh every " (REFRESH_SECONDS) " s" }
+            }
         }
     }
 }
@@ -108,7 +158,8 @@ pub fn badge(status: &str) -> Markup {
     // The class is one of the known states or nothing: a state string from
     // the database never becomes markup.
     let class = match status {
-        "SUCCEEDED" | "FAILED" | "RUNNING" | "PENDING" | "SKIPPED" | "MISSING" | "PAUSED" => status,
+        "SUCCEEDED" | "FAILED" | "RUNNING" | "PENDING" | "SKIPPED" | "MISSING" | "ARCHIVED"
+        | "PAUSED" => status,
         _ => "",
     };
     html! { span class={ "badge " (class) } { (status) } }

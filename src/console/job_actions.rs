@@ -132,9 +132,6 @@ fn request(a: &Authed, job: &str, f: &JobActionForm) -> Result<PauseRequest, (St
 /// resumes it (with the session's CSRF token and a required reason); a
 /// viewer sees the state only. `paused` is the job's row of
 /// `queue::paused_jobs`, `None` while it is not paused.
-// The job's calendar page and the overview place it once the pages being
-// rewritten alongside issue 44 are merged; until then only its tests call it.
-#[allow(dead_code)]
 pub(crate) fn pause_controls(job: &str, paused: Option<&Paused>, session: &Session) -> Markup {
     let may_act = html::may_act(session.user.role);
     let (verb, label) = match paused {

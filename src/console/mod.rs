@@ -8,8 +8,12 @@
 //! - `limits.rs`: the sign-in limit and the bound on argon2 verifications.
 //! - `client_addr.rs`: the client's address, behind a trusted proxy too.
 //! - `html.rs`: the page frame, the style sheet and small markup helpers.
-//! - `pages.rs`: overview, runs, stale runs, audit log, workers.
-//! - `calendar.rs`: a job's business periods, including missing ones.
+//! - `overview.rs`: every job's health (`queue::job_health`, what `status`
+//!   prints too) with the banners, refreshing itself.
+//! - `pages.rs`: runs, stale runs, audit log, workers.
+//! - `calendar.rs`: a job's business periods, including missing ones, in
+//!   its time zone.
+//! - `chart.rs`: a job's newest runs as an inline SVG chart.
 //! - `run_page.rs`: one run, and the fail / rerun / skip actions with their
 //!   preview.
 //! - `job_actions.rs`: pausing and resuming a job, and its paused state
@@ -25,11 +29,13 @@
 
 pub mod auth;
 mod calendar;
+mod chart;
 pub mod client_addr;
 mod html;
 mod job_actions;
 pub mod limits;
 mod login;
+mod overview;
 mod pages;
 mod run_page;
 mod scopes_page;
@@ -148,12 +154,12 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
         trusted_proxies: opts.trusted_proxies,
     });
     let signed_in = Router::new()
-        .route("/", get(pages::overview))
+        .route("/", get(overview::overview))
         .route("/runs", get(pages::runs))
         .route("/runs/{key}", get(run_page::show))
         .route("/runs/{key}/preview", post(run_page::preview))
         .route("/runs/{key}/apply", post(run_page::apply))
-        .route("/jobs/{job}", get(pages::calendar))
+        .route("/jobs/{job}", get(calendar::calendar))
         .route("/jobs/{job}/pause", post(job_actions::pause))
         .route("/jobs/{job}/resume", post(job_actions::resume))
         .route("/scopes", get(scopes_page::scopes))

@@ -1,19 +1,17 @@
-//! The console's read-only pages: the overview, the run list, a job's
-//! calendar, stale runs with their evidence, the audit log and the
-//! registered processes. Each reads the queue's and the registry's views on
-//! the database clock; none writes.
+//! The console's read-only pages: the run list, stale runs with their
+//! evidence, the audit log and the registered processes (the overview is
+//! `overview.rs`, a job's calendar `calendar.rs`). Each reads the queue's
+//! and the registry's views on the database clock; none writes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use chrono::{Days, NaiveDate};
+use chrono::NaiveDate;
 use maud::{html, Markup};
 
-use super::calendar::{self, Expected};
 use super::html::{self, age, at, at_opt, badge, encode, run_href};
 use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
@@ -23,92 +21,6 @@ use crate::runtime::worker_registry;
 
 /// Rows per page of the run list and the audit log.
 const PAGE: u32 = 100;
-
-/// Every job with runs: its newest period's state, FAILED, stale and
-/// pending counts, the oldest pending age; then live processes and
-/// configuration drift.
-pub(crate) async fn overview(
-    State(app): State<Arc<App>>,
-    Extension(a): Extension<Authed>,
-) -> Response {
-    let gauges = match queue::gauges(&app.pool, &[], Clock::Db).await {
-        Ok(g) => g,
-        Err(e) => return db_error(e),
-    };
-    let names: Vec<String> = gauges.iter().map(|(n, _)| n.to_string()).collect();
-    let latest: BTreeMap<String, queue::RunView> = match queue::latest_runs(&app.pool, &names).await
-    {
-        Ok(l) => l.into_iter().map(|r| (r.job_name.clone(), r)).collect(),
-        Err(e) => return db_error(e),
-    };
-    let processes = match worker_registry::processes(&app.pool).await {
-        Ok(p) => p,
-        Err(e) => return db_error(e),
-    };
-    let drift = match worker_registry::config_drift(&app.pool).await {
-        Ok(d) => d,
-        Err(e) => return db_error(e),
-    };
-    let (left_out, left_out_n) = match queue::registry_problems(&app.pool).await {
-        Ok(p) => p,
-        Err(e) => return db_error(e),
-    };
-    let count = |g: &queue::JobGauges, s: &str| {
-        g.runs.iter().find(|(st, _)| st == s).map_or(0, |(_, n)| *n)
-    };
-    let live: Vec<_> = processes.iter().filter(|p| p.live).collect();
-    let body = html! {
-        h1 { "Overview" }
-        table {
-            tr { th { "Job" } th { "Newest period" } th { "State" } th { "FAILED" } th { "Stale" }
-                 th { "Pending" } th { "Oldest pending" } th { "Running" } th { "Calendar" } }
-            @for (job, g) in &gauges {
-                @let job = job.to_string();
-                tr {
-                    td { a href={ "/runs?job=" (encode(&job)) } { (job) }
-                         @if g.paused_seconds.is_some() { " " span.badge.PAUSED { "paused" } } }
-                    @match latest.get(&job) {
-                        Some(r) => {
-                            td { a href=(run_href(&r.job_key)) { (r.job_key) } }
-                            td { (badge(&r.status)) }
-                        }
-                        None => { td.muted { "no runs" } td { (html::nbsp()) } }
-                    }
-                    td.num { @if count(g, "FAILED") > 0 {
-                        a href={ "/runs?status=FAILED&job=" (encode(&job)) } { (count(g, "FAILED")) }
-                    } @else { "0" } }
-                    td.num { (g.stale) }
-                    td.num { (count(g, "PENDING")) }
-                    td.num { @if count(g, "PENDING") > 0 { (age(g.oldest_pending_seconds)) } @else { "—" } }
-                    td.num { (count(g, "RUNNING")) }
-                    td { a href={ "/jobs/" (encode(&job)) } { "calendar" } }
-                }
-            }
-        }
-        h2 { "Live processes: " (live.len()) }
-        @if live.is_empty() { p.muted { "No worker or producer is live." } }
-        @else {
-            table {
-                tr { th { "Process" } th { "Role" } th { "Host" } th { "Version" } th { "Last seen" } }
-                @for p in &live {
-                    tr { td { (p.worker_id) } td { (p.role) } td { (p.host) } td { (p.version) } td { (at(p.last_seen)) } }
-                }
-            }
-        }
-        (registry_note(&left_out, left_out_n))
-        h2 { "Configuration drift" }
-        @if drift.is_empty() { p.muted { "Every live process runs the same configuration of each job." } }
-        @for d in &drift {
-            div.note {
-                strong { (d.job_name) } ": live processes disagree on " (d.keys.join(", ")) "."
-                ul { @for p in &d.processes {
-                    li { (p.process_id) " (" (p.role) " on " (p.host) "): fingerprint " code { (p.fingerprint) } }
-                } }
-            }
-        }
-    };
-    html::page("Overview", &a.session, body).into_response()
-}
 
 #[derive(serde::Deserialize, Default)]
 pub(crate) struct RunsQuery {
@@ -268,115 +180,6 @@ pub(crate) fn run_table(rows: &[queue::RunView]) -> Markup {
     }
 }
 
-#[derive(serde::Deserialize, Default)]
-pub(crate) struct CalendarQuery {
-    from: Option<String>,
-    to: Option<String>,
-}
-
-/// A job's business periods over a range, with the missing ones.
-pub(crate) async fn calendar(
-    State(app): State<Arc<App>>,
-    Extension(a): Extension<Authed>,
-    Path(job): Path<String>,
-    Query(q): Query<CalendarQuery>,
-) -> Response {
-    let job = match JobName::parse(&job) {
-        Ok(j) => j,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    let settings = match worker_registry::recorded_settings(&app.pool, &job).await {
-        Ok(s) => s,
-        Err(e) => return db_error(e),
-    };
-    let expected = settings
-        .as_ref()
-        .map(Expected::from_settings)
-        .unwrap_or_else(|| {
-            Err("no producer or worker has recorded this job's configuration".into())
-        });
-    // The database's today, in the job's zone: the default range ends there.
-    let now = match queue::database_now(&app.pool).await {
-        Ok(n) => n,
-        Err(e) => return db_error(e),
-    };
-    let tz = expected
-        .as_ref()
-        .map(|e| e.timezone)
-        .unwrap_or(chrono_tz::UTC);
-    let sub_daily = expected
-        .as_ref()
-        .is_ok_and(|e| e.covers == crate::schedule::Covers::Firing);
-    let today = now.with_timezone(&tz).date_naive();
-    let parse = |s: Option<&str>| s.map(crate::key::parse_date).transpose();
-    let (from, to) = match (parse(opt(&q.from)), parse(opt(&q.to))) {
-        (Ok(f), Ok(t)) => {
-            let to = t.unwrap_or(today);
-            let back = if sub_daily { 1 } else { 41 };
-            (
-                f.unwrap_or(to.checked_sub_days(Days::new(back)).unwrap_or(to)),
-                to,
-            )
-        }
-        (Err(e), _) | (_, Err(e)) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    if from > to {
-        return refuse(StatusCode::BAD_REQUEST, "the range ends before it starts");
-    }
-    let filter = RunFilter {
-        job: Some(job.clone()),
-        from: Some(from),
-        to: Some(to),
-        ..RunFilter::default()
-    };
-    let runs =
-        match queue::search_runs(&app.pool, &filter, None, calendar::MAX_CELLS as u32 + 1).await {
-            Ok(r) => r,
-            Err(e) => return db_error(e),
-        };
-    let (cells, cut) = calendar::cells(job.as_str(), from, to, runs, expected.as_ref().ok(), now);
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for c in &cells {
-        *counts.entry(c.state.as_str()).or_default() += 1;
-    }
-    let body = html! {
-        h1 { "Calendar of " (job.as_str()) }
-        form.filter method="get" action={ "/jobs/" (encode(job.as_str())) } {
-            label { "From" input type="date" name="from" value=(from.to_string()); }
-            label { "To" input type="date" name="to" value=(to.to_string()); }
-            button type="submit" { "Show" }
-        }
-        @match &expected {
-            Ok(e) => p.muted { "Schedule " code { (e.schedule.as_str()) } " in " (e.timezone.name())
-                ", covers " (e.covers.as_str()) ", as a producer (or else a worker) recorded it in the database. Periods are shown up to now." },
-            Err(why) => (html::message("note", &format!("Missing periods cannot be shown: {why}. Only the runs that exist are shown."))),
-        }
-        @if cut { (html::message("note", &format!("Only the first {} periods are shown; narrow the range.", calendar::MAX_CELLS))) }
-        p { @for (state, n) in &counts { (badge(state)) " " (n) "  " } }
-        div.cal {
-            @for c in &cells {
-                @let title = c.note.clone().unwrap_or_default();
-                @match &c.run {
-                    Some(r) => a class=(c.state) href=(run_href(&r.job_key)) title=(title) {
-                        (c.period) br; (c.state)
-                    },
-                    None => span class=(c.state) title=(title) { (c.period) br; (c.state) },
-                }
-            }
-        }
-        @if cells.is_empty() { p.muted { "No period in this range." } }
-        @let skipped: Vec<&calendar::Cell> = cells.iter().filter(|c| c.state == "SKIPPED").collect();
-        @if !skipped.is_empty() {
-            h2 { "Skipped periods" }
-            table {
-                tr { th { "Period" } th { "Why" } }
-                @for c in &skipped { tr { td { (c.period) } td { (c.note.as_deref().unwrap_or("—")) } } }
-            }
-        }
-    };
-    html::page(&format!("Calendar of {}", job.as_str()), &a.session, body).into_response()
-}
-
 /// Stale runs with their evidence and conclusion, as `runs stale` gives
 /// them.
 pub(crate) async fn stale(
@@ -532,7 +335,7 @@ pub(crate) async fn workers(
 
 /// The registry rows every view leaves out (`queue::registry_problems`),
 /// named on the page; nothing when there are none.
-fn registry_note(rows: &[queue::RegistryProblem], total: i64) -> Markup {
+pub(crate) fn registry_note(rows: &[queue::RegistryProblem], total: i64) -> Markup {
     html! {
         @if total > 0 {
             div.note {

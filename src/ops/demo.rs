@@ -397,21 +397,25 @@ async fn run_on(
 /// Leaves the console running on the demo's data until Ctrl-C, with a
 /// one-time operator login printed here. The demo's configuration is
 /// recorded as a producer's, so the calendars show what the schedules
-/// expected.
+/// expected, and that producer shows signs of life while the console
+/// serves (liveness is the age of the last one).
 async fn serve_console(
     pool: &sqlx::PgPool,
     cfg: &Config,
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<()> {
     use crate::console::auth::{hash_password, random_token, Role, Users};
+    use crate::runtime::worker_registry;
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+    let live_for = EVERY * 3 + std::time::Duration::from_secs(10);
     let jobs: Vec<(crate::key::JobName, &JobConfig)> =
         cfg.jobs.iter().map(|(n, c)| (n.clone(), c)).collect();
-    crate::runtime::worker_registry::register_process(
+    worker_registry::register_process(
         pool,
         "demo-producer",
-        crate::runtime::worker_registry::Role::Producer,
+        worker_registry::Role::Producer,
         env!("CARGO_PKG_VERSION"),
-        crate::runtime::worker_registry::ONE_SHOT_LIVE,
+        live_for,
         &jobs,
     )
     .await?;
@@ -428,6 +432,21 @@ async fn serve_console(
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;
         on_signal.cancel();
+    });
+    let (touching, alive) = (pool.clone(), stop.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = alive.cancelled() => return,
+            }
+            let version = env!("CARGO_PKG_VERSION");
+            if let Err(e) =
+                worker_registry::touch(&touching, "demo-producer", version, live_for).await
+            {
+                tracing::warn!(error = %e, "could not refresh the demo producer's registration");
+            }
+        }
     });
     println!();
     println!(

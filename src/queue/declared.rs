@@ -2,8 +2,9 @@
 //! configuration file for, and what the database checks of an enqueue by a
 //! login that does not own the schema (migration 20261208000003): the time
 //! zone, `covers`, `partitions`, whether the job is scoped, and the business
-//! calendar (`skip_dates`, `skip_weekdays`). The policies are stored too,
-//! for readers; the database bounds them without comparing.
+//! calendar (`skip_dates`, `skip_weekdays`). The policies, `catch_up` and
+//! `enabled` are stored too, for readers (the MISSING periods of
+//! `health.rs`); the database bounds the policies without comparing.
 //!
 //! - `declared_settings(cfg)` is one job's row (`settings` jsonb).
 //! - `declare(pool, jobs)` replaces the whole set in one transaction: a job
@@ -34,6 +35,10 @@ pub fn declared_settings(cfg: &JobConfig) -> serde_json::Value {
         "schedule": cfg.schedule.as_ref().map(|s| s.as_str()),
         "skip_dates": cfg.skip_dates.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
         "skip_weekdays": cfg.skip_weekdays.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+        // For readers (the MISSING periods of `queue::job_health`): the
+        // database compares neither.
+        "catch_up": d(cfg.catch_up),
+        "enabled": cfg.enabled,
         "max_attempts": cfg.max_attempts,
         "lease_ttl": d(cfg.lease_ttl),
         "stale_after": d(cfg.stale_after),

@@ -26,6 +26,11 @@
 //!   through them (lock timeout, audited termination).
 //! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
 //!   non-owner's enqueue must match them; the migration checks).
+//! - `expected.rs`: the periods a job's stored schedule made due (declared,
+//!   else recorded by a producer), and the window MISSING periods are in.
+//! - `health.rs`: each job's MISSING, overdue, FAILED, stale, PENDING and
+//!   RUNNING runs, who serves it, and the banners: the one answer the
+//!   console's overview and `status` print.
 //! - `context.rs`: the run-context columns (binding them at enqueue, reading
 //!   them back, `freeze_held` for a claimed run without one,
 //!   `legacy_runs`/`freeze_legacy` for `migrate`).
@@ -53,7 +58,9 @@ pub mod blockers;
 pub mod context;
 mod declared;
 mod enqueue;
+mod expected;
 mod finish;
+mod health;
 mod lease;
 mod partitions;
 pub mod pause;
@@ -75,10 +82,16 @@ pub use enqueue::{
     count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,
     PREFLIGHT_JOB,
 };
+pub use expected::{DuePeriod, Expected, FirstPeriod, SettingsSource, Window};
 pub use finish::{
     backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, fold_tally,
     record_output, recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,
     MAX_OUTPUT_CHARS,
+};
+pub use health::{
+    job_health, job_schedule, periods_without_runs, why_missing, Banner, Health, JobHealth,
+    JobSchedule, Missing, MissingPeriod, Producers, ScheduleInfo, MAX_CHECKED_PERIODS,
+    MISSING_LISTED, OVERDUE_AFTER,
 };
 pub use lease::{
     begin_fenced, claim, heartbeat, ClaimSpec, Fence, FencedTx, HeartbeatReport, HeldLease, Lease,
@@ -89,7 +102,8 @@ pub use pause::{paused_jobs, Paused};
 pub use runs::{actions, list_runs, show_run, ActionView, AttemptView, RunView};
 pub use scopes::{scope_periods, ScopePeriod, ScopeState, MAX_PERIODS, NAMED as NAMED_SCOPES};
 pub use search::{
-    audit_log, database_now, latest_runs, search_runs, AuditFilter, AuditRow, RunCursor, RunFilter,
+    audit_log, database_now, latest_runs, recent_runs, search_runs, AuditFilter, AuditRow,
+    RecentRun, RunCursor, RunFilter, RECENT_RUNS,
 };
 pub use views::{
     gauges, registry_problems, stale_runs, status, JobGauges, QueueStatus, RegistryProblem,

@@ -8,14 +8,19 @@
 //!   the previous page), never by offset.
 //! - `latest_runs(jobs)` reads each job's newest run through the
 //!   `(job_name, business_date)` index, one lookup per job.
+//! - `recent_runs(jobs, n, clock)` reads each job's newest `n` runs the same
+//!   way, with their durations, for the console's charts.
 //! - `audit_log(filter, before_id, limit)` lists `batch_operator_action`
 //!   newest first, with the console's `remote_addr`.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::{PgPool, Row};
 
 use super::runs::{run_from_row, RUN_COLUMNS};
 use super::{context, QueueError, RunStatus, RunView};
+use crate::clock::Clock;
 use crate::key::{JobName, Scope};
 
 /// Which runs a list shows; every field narrows it.
@@ -242,4 +247,69 @@ pub async fn database_now(pool: &PgPool) -> Result<DateTime<Utc>, QueueError> {
         .await?;
     stmt.done().await?;
     Ok(now)
+}
+
+/// Runs per job in the console's charts.
+pub const RECENT_RUNS: i64 = 30;
+
+/// One of a job's newest runs, for a chart.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecentRun {
+    pub job_key: String,
+    pub job_name: String,
+    pub business_date: NaiveDate,
+    pub status: String,
+    pub processed_count: i64,
+    pub failed_count: i64,
+    /// From the current attempt's start to its finish (to now while
+    /// RUNNING); `None` for a run that never started.
+    pub duration_seconds: Option<f64>,
+    /// The first 200 characters of its error.
+    pub error: Option<String>,
+}
+
+/// Each job's newest `per_job` runs (not partitions), newest business date
+/// first: each through the `(job_name, business_date)` index, read
+/// backwards.
+pub async fn recent_runs(
+    pool: &PgPool,
+    jobs: &[String],
+    per_job: i64,
+    clock: Clock,
+) -> Result<BTreeMap<String, Vec<RecentRun>>, QueueError> {
+    if jobs.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = crate::db::query(
+        "SELECT x.* FROM unnest($1::text[]) AS j(name) CROSS JOIN LATERAL ( \
+           SELECT r.job_key::text, r.job_name::text, r.business_date, r.status::text, \
+                  r.processed_count, r.failed_count, left(r.error_message, 200) AS error, \
+                  extract(epoch FROM COALESCE(r.finished_at, \
+                    CASE WHEN r.status = 'RUNNING' THEN COALESCE($3, now()) END) \
+                    - r.started_at)::float8 AS secs \
+           FROM batch_job_run r WHERE r.job_name = j.name AND r.partition_of IS NULL \
+           ORDER BY r.business_date DESC, r.job_key DESC LIMIT $2) x",
+    )
+    .bind(jobs)
+    .bind(per_job)
+    .bind(clock.bind())
+    .fetch_all(stmt.conn())
+    .await?;
+    stmt.done().await?;
+    let mut out: BTreeMap<String, Vec<RecentRun>> = BTreeMap::new();
+    for r in rows {
+        let run = RecentRun {
+            job_key: r.try_get("job_key")?,
+            job_name: r.try_get("job_name")?,
+            business_date: r.try_get("business_date")?,
+            status: r.try_get("status")?,
+            processed_count: r.try_get("processed_count")?,
+            failed_count: r.try_get("failed_count")?,
+            duration_seconds: r.try_get::<Option<f64>, _>("secs")?.map(|s| s.max(0.0)),
+            error: r.try_get("error")?,
+        };
+        out.entry(run.job_name.clone()).or_default().push(run);
+    }
+    Ok(out)
 }

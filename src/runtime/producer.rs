@@ -35,7 +35,8 @@
 //!   time from the process's clock). `produce --once` also calls it, but serves no metrics. A
 //!   failed tick is logged and retried with a backoff from 200 ms, doubling up to the interval (at
 //!   least 1 s). Errors never end the loop; only its cancellation token, fired by SIGTERM/SIGINT,
-//!   does. A simulated start advances with real time.
+//!   does. A simulated start advances with real time. `once_live_for` is how long `produce
+//!   --once` counts as live: three of its timer's periods, not an hour.
 //! - `runs_for_periods` turns periods into `NewRun`s, with `JobConfig::skip_reason` as their
 //!   `skip_reason`. `produce` and `enqueue` both use it, so a run enqueued by hand gets exactly the
 //!   key a scheduled one would.
@@ -439,6 +440,55 @@ pub fn log_tick(report: &[JobTick]) {
     }
 }
 
+/// The time between the ticks of `produce` when `--interval` is not given.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The longest a producer may promise to be back: every view faults a
+/// `live_until` more than 31 days after `last_seen` (`queue::WORKER_PROBLEM`).
+const MAX_ONCE_LIVE: Duration = Duration::from_secs(30 * 86_400);
+
+/// How long `produce --once` counts as live after its tick, by the loop's
+/// rule (three intervals and 10 s): its timer's period when `--interval`
+/// gives it; else the shortest time between two firings of its enabled
+/// jobs' schedules, which a timer must fire at least as often as; else
+/// (no schedule) the default interval. At most 30 days.
+pub fn once_live_for(config: &Config, interval: Option<Duration>) -> Duration {
+    let every = interval.unwrap_or_else(|| shortest_gap(config).unwrap_or(DEFAULT_INTERVAL));
+    every
+        .saturating_mul(3)
+        .saturating_add(Duration::from_secs(10))
+        .min(MAX_ONCE_LIVE)
+}
+
+/// The shortest time between two consecutive firings of any enabled job's
+/// schedule, over 400 days from a fixed instant, so the answer does not
+/// depend on when it is asked (and covers every weekday, month and DST
+/// change of a year). A schedule that fires at most once in them counts
+/// as 400 days.
+fn shortest_gap(config: &Config) -> Option<Duration> {
+    let sample = chrono::Duration::days(400);
+    let from = DateTime::<Utc>::from_timestamp(1_767_571_200, 0)?; // 2026-01-05, a Monday
+    config
+        .jobs
+        .values()
+        .filter(|c| c.enabled)
+        .filter_map(|c| {
+            let (firings, _) = c
+                .schedule
+                .as_ref()?
+                .firings(c.timezone, from, from + sample, 2_000);
+            Some(
+                firings
+                    .windows(2)
+                    .map(|w| w[1].at - w[0].at)
+                    .min()
+                    .unwrap_or(sample),
+            )
+        })
+        .min()
+        .and_then(|d| d.to_std().ok())
+}
+
 /// Records this producer and the configuration of every job it plans in the
 /// process registry, so operators see when producers disagree. A failure
 /// is logged and never stops the producer: producing is what matters.
@@ -519,5 +569,42 @@ pub async fn run(
         if let Err(e) = crate::runtime::worker_registry::deregister(&pool, &process_id).await {
             warn!(error = %e, "could not deregister this producer");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_shot_producer_is_live_for_three_of_its_periods() {
+        let mut config = Config {
+            origin: "test".into(),
+            jobs: Default::default(),
+        };
+        let every = |cron: &str| JobConfig {
+            schedule: Some(crate::schedule::CronSchedule::parse(cron).unwrap()),
+            ..JobConfig::default()
+        };
+        let name = |n: &str| JobName::parse(n).unwrap();
+        // No schedule: the loop's default interval.
+        assert_eq!(once_live_for(&config, None), Duration::from_secs(55));
+        config.jobs.insert(name("daily"), every("0 1 * * *"));
+        // A daily schedule: three days (a DST change makes no gap shorter
+        // in UTC), and the timer's period when it is given.
+        assert_eq!(
+            once_live_for(&config, None),
+            Duration::from_secs(3 * 86_400 + 10)
+        );
+        assert_eq!(
+            once_live_for(&config, Some(Duration::from_secs(300))),
+            Duration::from_secs(910)
+        );
+        config.jobs.insert(name("quarter"), every("*/15 * * * *"));
+        assert_eq!(once_live_for(&config, None), Duration::from_secs(2710));
+        // Never past what every view believes.
+        config.jobs.clear();
+        config.jobs.insert(name("yearly"), every("0 0 1 1 *"));
+        assert_eq!(once_live_for(&config, None), MAX_ONCE_LIVE);
     }
 }

@@ -6,8 +6,6 @@
 //! `last_seen`, which is the evidence `runs stale` shows. It also answers
 //! whether live processes disagree about a job's configuration.
 //!
-//! The process registry, the only module that writes `batch_worker` and `batch_process_config`.
-//!
 //! - `register_process(pool, id, role, version, live_for, jobs)` upserts the process's row: role
 //!   (`worker` or `producer`), host (from `gethostname`, at most 255 characters), pid, version (at
 //!   most 64), `started_at = last_seen = now()` and `live_until = now() + live_for`, the time by
@@ -27,8 +25,9 @@
 //!
 //! Producers register too: `produce` as `producer-<host>-<pid>`, live for three intervals, touched
 //! each tick and deregistered at stop; `produce --once` as `producer-once-<host>`, one row per
-//! host, live for `ONE_SHOT_LIVE` (an hour). A failure to register is logged and never stops the
-//! producer.
+//! host, once it has ticked, live for three of its timer's periods (`producer::once_live_for`). A
+//! failure to register is logged and never stops the producer. A process is live by the age of its
+//! last sign of life, never by a fixed window.
 //!
 //! Each row records the login that wrote it (`registered_by`, the column's default
 //! `session_user`), and row-level security lets a login other than the tables' owner write only
@@ -67,11 +66,6 @@ impl Role {
         }
     }
 }
-
-/// How long after its last sign of life a producer run by a timer
-/// (`produce --once`) still counts as live: it is back at its next firing,
-/// which nothing here knows, and an hour covers the usual timers.
-pub const ONE_SHOT_LIVE: Duration = Duration::from_secs(3600);
 
 /// How long the rows of processes that stopped without deregistering are
 /// kept (they are evidence for `runs stale` meanwhile).

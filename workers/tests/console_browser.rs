@@ -239,11 +239,12 @@ fn save_png(path: &Path, png: &[u8]) {
 /// The calendar's cells as (element, class, period), in page order.
 async fn calendar_cells(c: &Client) -> Vec<(String, String, String)> {
     let mut cells = Vec::new();
-    for e in c.find_all(Locator::Css("div.cal > *")).await.unwrap() {
+    for e in c.find_all(Locator::Css("table.weeks .cell")).await.unwrap() {
         let text = e.text().await.unwrap();
+        let class = e.attr("class").await.unwrap().unwrap_or_default();
         cells.push((
             e.tag_name().await.unwrap(),
-            e.attr("class").await.unwrap().unwrap_or_default(),
+            class.trim_start_matches("cell ").to_owned(),
             text.lines().next().unwrap_or_default().trim().to_owned(),
         ));
     }
@@ -475,7 +476,7 @@ max_attempts = 3
         .click()
         .await
         .unwrap();
-    expect(&c, "div.cal", "the calendar after signing in").await;
+    expect(&c, "table.weeks", "the calendar after signing in").await;
     let who = c.find(Locator::Css("header .who")).await.unwrap();
     assert!(
         who.text()
@@ -499,7 +500,7 @@ max_attempts = 3
     save_png(&dir.join("calendar.png"), &c.screenshot().await.unwrap());
 
     // The FAILED cell opens its run; the program's error is on the page.
-    c.find(Locator::Css("div.cal a.FAILED"))
+    c.find(Locator::Css("table.weeks a.FAILED"))
         .await
         .unwrap()
         .click()
