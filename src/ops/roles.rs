@@ -69,9 +69,13 @@ const AUDIT_FUNCTIONS: &[&str] = &[
 /// this name exists, the operator and console keep `pg_signal_backend`.
 const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
 
-/// Operator functions a later migration adds (with the terminate function),
-/// granted to the operator and console once they exist.
-const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &["batchonce_operator_audit_terminate_sessions"];
+/// Operator functions a later migration adds, granted to the operator and
+/// console once they exist: the audit row of the terminate function, and
+/// the audited enqueue of missing periods (20261210000020).
+const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &[
+    "batchonce_operator_audit_terminate_sessions",
+    "batchonce_operator_enqueue",
+];
 
 /// Worker functions a later migration adds, granted to the worker once they
 /// exist: the fold of the run counts (20261209000001), which every worker's
