@@ -25,7 +25,7 @@ use maud::{html, Markup};
 
 use super::html::{self, badge, encode, run_href};
 use super::pages::{opt, query_path, run_filter, RunsQuery};
-use super::{check_act, db_error, refuse, App, Authed};
+use super::{db_error, refuse, refuse_act, App, Authed};
 use crate::clock::Clock;
 use crate::key::{JobKey, JobName};
 use crate::queue::blockers::{self, ActError, ActOptions};
@@ -64,7 +64,7 @@ pub(crate) async fn offer(
     a: &Authed,
     filter: &RunFilter,
     base: &str,
-) -> Result<Markup, Response> {
+) -> Result<Markup, Box<Response>> {
     let (Some(_), Some(status)) = (&filter.job, filter.status) else {
         return Ok(html! {});
     };
@@ -82,7 +82,7 @@ pub(crate) async fn offer(
     }
     let n = match queue::search_runs(&app.pool, filter, None, MAX_BULK as u32 + 1).await {
         Ok(r) => r.len(),
-        Err(e) => return Err(db_error(e)),
+        Err(e) => return Err(Box::new(db_error(e))),
     };
     if n == 0 {
         return Ok(html! {});
@@ -248,11 +248,7 @@ fn read_form(body: &str) -> ApplyForm {
             "action" => f.action = v.into_owned(),
             "job" => f.job = v.into_owned(),
             "expected" => f.expected = v.into_owned(),
-            "key" => {
-                if !f.keys.iter().any(|x| *x == v) {
-                    f.keys.push(v.into_owned());
-                }
-            }
+            "key" if !f.keys.iter().any(|x| *x == v) => f.keys.push(v.into_owned()),
             "reason" => f.reason = v.into_owned(),
             _ => {}
         }
@@ -274,7 +270,7 @@ pub(crate) async fn apply(
     body: String,
 ) -> Response {
     let f = read_form(&body);
-    if let Err(res) = check_act(&a, f.csrf.as_deref()) {
+    if let Some(res) = refuse_act(&a, f.csrf.as_deref()) {
         return res;
     }
     let Some((action, from)) = action_of(&f.action) else {

@@ -30,7 +30,7 @@ use chrono::{DateTime, Days, NaiveTime, Utc};
 use maud::{html, Markup};
 
 use super::html::{self, at, badge, encode, run_href};
-use super::{check_act, db_error, known_job, App, Authed};
+use super::{db_error, known_job, refuse_act, App, Authed};
 use crate::config::JobConfig;
 use crate::key::{JobKey, JobName};
 use crate::queue::{self, NewRun, MAX_OPERATOR_ENQUEUE};
@@ -83,8 +83,8 @@ async fn check(
     a: &Authed,
     job: &JobName,
     periods: &[String],
-) -> Result<Vec<Line>, Response> {
-    let refuse = |status, why: String| Err(page_refusal(a, job, status, &why));
+) -> Result<Vec<Line>, Box<Response>> {
+    let refuse = |status, why: String| Err(Box::new(page_refusal(a, job, status, &why)));
     if periods.is_empty() {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -111,7 +111,7 @@ async fn check(
                 ),
             )
         }
-        Err(e) => return Err(db_error(e)),
+        Err(e) => return Err(Box::new(db_error(e))),
     };
     let declared = match queue::config_from_declared(&settings) {
         Ok(d) => d,
@@ -140,7 +140,7 @@ async fn check(
     };
     let now = match queue::database_now(&app.pool).await {
         Ok(n) => n,
-        Err(e) => return Err(db_error(e)),
+        Err(e) => return Err(Box::new(db_error(e))),
     };
     let mut lines: Vec<Line> = periods
         .iter()
@@ -178,7 +178,7 @@ async fn check(
     // covers the period (the calendar's rule for MISSING).
     let wanted: Vec<Period> = lines
         .iter()
-        .filter_map(|l| l.outcome.as_ref().ok().map(|r| period_of_run(r)))
+        .filter_map(|l| l.outcome.as_ref().ok().map(period_of_run))
         .collect();
     let firings = match firing_of_periods(&sched, &cfg, &wanted) {
         Ok(f) => f,
@@ -187,7 +187,7 @@ async fn check(
     let keys: Vec<JobKey> = lines.iter().filter_map(|l| l.key.clone()).collect();
     let existing: HashMap<String, String> = match queue::existing_runs(&app.pool, &keys).await {
         Ok(rows) => rows.into_iter().collect(),
-        Err(e) => return Err(db_error(e)),
+        Err(e) => return Err(Box::new(db_error(e))),
     };
     for line in &mut lines {
         let Ok(run) = &line.outcome else { continue };
@@ -348,16 +348,16 @@ pub(crate) async fn preview(
     body: String,
 ) -> Response {
     let form = read_form(&body);
-    if let Err(res) = check_act(&a, form.csrf.as_deref()) {
+    if let Some(res) = refuse_act(&a, form.csrf.as_deref()) {
         return res;
     }
     let job = match known_job(&app, &a, &job).await {
         Ok(j) => j,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let lines = match check(&app, &a, &job, &form.periods).await {
         Ok(l) => l,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let ready: Vec<&NewRun> = lines
         .iter()
@@ -396,12 +396,12 @@ pub(crate) async fn apply(
     body: String,
 ) -> Response {
     let form = read_form(&body);
-    if let Err(res) = check_act(&a, form.csrf.as_deref()) {
+    if let Some(res) = refuse_act(&a, form.csrf.as_deref()) {
         return res;
     }
     let job = match known_job(&app, &a, &job).await {
         Ok(j) => j,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let reason = match crate::text::reason(form.reason.as_deref().unwrap_or("")) {
         Ok(r) => r,
@@ -409,7 +409,7 @@ pub(crate) async fn apply(
     };
     let lines = match check(&app, &a, &job, &form.periods).await {
         Ok(l) => l,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let ready: Vec<NewRun> = lines
         .iter()

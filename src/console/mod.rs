@@ -320,23 +320,23 @@ pub(crate) fn refuse(status: StatusCode, why: &str) -> Response {
 /// The checks every action request passes before its form is looked at:
 /// the session's CSRF token, and the operator role. A refusal is the page
 /// to answer with.
-pub(crate) fn check_act(a: &Authed, csrf: Option<&str>) -> Result<(), Response> {
+pub(crate) fn refuse_act(a: &Authed, csrf: Option<&str>) -> Option<Response> {
     match csrf {
         Some(t) if auth::same_secret(t, &a.session.csrf) => {}
         _ => {
-            return Err(refuse(
+            return Some(refuse(
                 StatusCode::FORBIDDEN,
                 "refused: missing or wrong CSRF token; reload the page and try again",
             ))
         }
     }
     if !html::may_act(a.session.user.role) {
-        return Err(refuse(
+        return Some(refuse(
             StatusCode::FORBIDDEN,
             "refused: only an operator may act; you are a viewer",
         ));
     }
-    Ok(())
+    None
 }
 
 /// A 404 with the page frame, so the navigation is there to go on from.
@@ -367,7 +367,7 @@ async fn calendar(
 ) -> Response {
     match known_job(&app, &a, &job).await {
         Ok(_) => pages::calendar(State(app), Extension(a), Path(job), query).await,
-        Err(res) => res,
+        Err(res) => *res,
     }
 }
 
@@ -377,16 +377,16 @@ pub(crate) async fn known_job(
     app: &App,
     a: &Authed,
     name: &str,
-) -> Result<crate::key::JobName, Response> {
+) -> Result<crate::key::JobName, Box<Response>> {
     let shown: String = name.chars().take(80).collect();
-    let unknown = || not_found(a, &format!("No job is named {shown}."));
+    let unknown = || Box::new(not_found(a, &format!("No job is named {shown}.")));
     let Ok(job) = crate::key::JobName::parse(name) else {
         return Err(unknown());
     };
     match crate::queue::job_known(&app.pool, &job).await {
         Ok(true) => Ok(job),
         Ok(false) => Err(unknown()),
-        Err(e) => Err(db_error(e)),
+        Err(e) => Err(Box::new(db_error(e))),
     }
 }
 

@@ -218,7 +218,7 @@ pub(crate) async fn runs(
     // An operator's bulk actions on what the filter shows (bulk.rs).
     let bulk = match super::bulk::offer(&app, &a, &filter, &base).await {
         Ok(m) => m,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let next = rows.last().filter(|_| more).map(|r| {
         format!(
