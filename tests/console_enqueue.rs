@@ -38,6 +38,17 @@ fn settle_config(skip: NaiveDate) -> JobConfig {
     }
 }
 
+/// An audit row: operator, action, key, reason, before, after, address.
+type AuditRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+);
+
 async fn declare(pool: &PgPool, jobs: &[(&str, JobConfig)]) {
     let jobs: BTreeMap<JobName, JobConfig> = jobs
         .iter()
@@ -195,15 +206,7 @@ async fn a_missing_period_is_enqueued_with_a_preview_from_its_declaration_and_au
     .unwrap();
     assert_eq!(start, format!("{missing} 00:00"));
     // One audit row per run enqueued, in the signed-in user's name.
-    let audit: Vec<(
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-    )> = sqlx::query_as(
+    let audit: Vec<AuditRow> = sqlx::query_as(
         "SELECT operator, action, job_key, reason, before_status, after_status, remote_addr \
              FROM batch_operator_action ORDER BY job_key",
     )
@@ -452,7 +455,7 @@ async fn under_the_consoles_own_login_the_database_checks_the_enqueue_against_th
     // login, although the function runs with the owner's rights.
     let job = JobName::parse("settle").unwrap();
     let utc = NewRun::new(JobKey::daily(&job, missing), missing, &JobConfig::default()).unwrap();
-    let err = queue::operator_enqueue(&pool, &[utc.clone()], "alice", "late", None)
+    let err = queue::operator_enqueue(&pool, std::slice::from_ref(&utc), "alice", "late", None)
         .await
         .unwrap_err();
     let code = |e: &queue::QueueError| match e {
