@@ -142,38 +142,7 @@ async fn check(
         Ok(n) => n,
         Err(e) => return Err(Box::new(db_error(e))),
     };
-    let mut lines: Vec<Line> = periods
-        .iter()
-        .map(|p| {
-            let shown: String = p.chars().take(40).collect();
-            match parse_period(p, cfg.covers) {
-                Ok(period) => match JobKey::parse(&format!("{job}:{}", period.key_part())) {
-                    Ok(key) => match runs_of(job, &cfg, period) {
-                        Ok(run) => Line {
-                            period: shown,
-                            key: Some(key),
-                            outcome: Ok(run),
-                        },
-                        Err(why) => Line {
-                            period: shown,
-                            key: Some(key),
-                            outcome: Err(why),
-                        },
-                    },
-                    Err(e) => Line {
-                        period: shown,
-                        key: None,
-                        outcome: Err(e.to_string()),
-                    },
-                },
-                Err(why) => Line {
-                    period: shown,
-                    key: None,
-                    outcome: Err(why),
-                },
-            }
-        })
-        .collect();
+    let mut lines: Vec<Line> = periods.iter().map(|p| line_of(job, &cfg, p)).collect();
     // Expected: a firing of the stored schedule, due by the database's now,
     // covers the period (the calendar's rule for MISSING).
     let wanted: Vec<Period> = lines
@@ -206,6 +175,25 @@ async fn check(
         }
     }
     Ok(lines)
+}
+
+/// One period as the form gave it: its key and its run, or why it is no
+/// period of the job.
+fn line_of(job: &JobName, cfg: &JobConfig, text: &str) -> Line {
+    let built = parse_period(text, cfg.covers).and_then(|period| {
+        let key =
+            JobKey::parse(&format!("{job}:{}", period.key_part())).map_err(|e| e.to_string())?;
+        Ok((key, runs_of(job, cfg, period)))
+    });
+    let (key, outcome) = match built {
+        Ok((key, run)) => (Some(key), run),
+        Err(why) => (None, Err(why)),
+    };
+    Line {
+        period: text.chars().take(40).collect(),
+        key,
+        outcome,
+    }
 }
 
 /// The period of a run built by `runs_of` (its key's period part).
