@@ -269,15 +269,19 @@ async fn markup_from_the_database_and_the_request_is_shown_as_text() {
             );
         }
     }
-    // Markup in a key, a filter or a sign-in error comes back as text.
-    for path in [
-        "/runs/%3Cscript%3Ealert(1)%3C%2Fscript%3E",
-        "/runs?job=%3Cscript%3E",
-        "/jobs/%3Cscript%3E",
-        "/runs?from=%3Cscript%3E",
+    // Markup in a key, a filter or a sign-in error comes back as text; a
+    // key or a job that names nothing is a 404.
+    for (path, status) in [
+        (
+            "/runs/%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+            StatusCode::NOT_FOUND,
+        ),
+        ("/runs?job=%3Cscript%3E", StatusCode::BAD_REQUEST),
+        ("/jobs/%3Cscript%3E", StatusCode::NOT_FOUND),
+        ("/runs?from=%3Cscript%3E", StatusCode::BAD_REQUEST),
     ] {
         let res = c.get_as(&op.cookie, path).await;
-        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(res.status(), status, "{path}");
         let body = res.text().await.unwrap();
         assert!(!body.contains("<script>"), "{path}: {body}");
     }

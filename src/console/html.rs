@@ -2,6 +2,10 @@
 //! page is rendered with `maud`, which escapes every interpolated string: a
 //! job's error message containing `<script>` is shown as text. Nothing here
 //! reads the database.
+//!
+//! Text meets WCAG AA: every text colour of the style sheet is checked
+//! against each background it is drawn on, for a contrast of 4.5:1 or more,
+//! by a unit test that reads the colours from [`CSS`] itself.
 
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
@@ -16,6 +20,8 @@ pub const CSS: &str = r#"
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1f2328; background: #f6f8fa; }
 header { background: #24292f; color: #fff; padding: 8px 16px; display: flex; gap: 16px; align-items: center; flex-wrap: wrap; }
 header a { color: #fff; text-decoration: none; }
+header nav { display: flex; gap: 16px; flex-wrap: wrap; }
+a { color: #0550ae; }
 header .who { margin-left: auto; }
 header form { display: inline; }
 main { padding: 16px; max-width: 1400px; }
@@ -61,7 +67,7 @@ form.act { background: #fff; border: 1px solid #d0d7de; padding: 8px; margin: 8p
 input[type=text], input[type=password], input[type=date], select { font: inherit; padding: 3px 6px; }
 input.reason { min-width: 320px; }
 button { font: inherit; padding: 3px 10px; cursor: pointer; }
-.muted { color: #6e7781; }
+.muted { color: #57606a; }
 .login { max-width: 360px; margin: 60px auto; background: #fff; border: 1px solid #d0d7de; padding: 20px; }
 .login label { display: block; margin: 8px 0; }
 .login input { width: 100%; }
@@ -86,12 +92,14 @@ pub fn page_with(title: &str, session: &Session, body: Markup, refresh: Option<u
             body {
                 header {
                     strong { a href="/" { "batchonce" } }
-                    a href="/" { "Overview" }
-                    a href="/runs" { "Runs" }
-                    a href="/scopes" { "Scopes" }
-                    a href="/stale" { "Stale" }
-                    a href="/audit" { "Audit log" }
-                    a href="/workers" { "Workers" }
+                    nav aria-label="Main" {
+                        a href="/" { "Overview" }
+                        a href="/runs" { "Runs" }
+                        a href="/scopes" { "Scopes" }
+                        a href="/stale" { "Stale" }
+                        a href="/audit" { "Audit log" }
+                        a href="/workers" { "Workers" }
+                    }
                     span.who {
                         (session.user.name) " (" (session.user.role.as_str()) ") "
                         @if !session.proxied {
@@ -216,4 +224,122 @@ pub fn may_act(role: Role) -> bool {
 /// A non-breaking space, for empty cells.
 pub fn nbsp() -> Markup {
     PreEscaped("&nbsp;".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// The declarations of every rule of [`CSS`], by selector (a rule with
+    /// several selectors is listed under each), later rules winning.
+    fn rules() -> BTreeMap<String, BTreeMap<String, String>> {
+        let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for rule in CSS.split('}') {
+            let Some((selectors, body)) = rule.split_once('{') else {
+                continue;
+            };
+            for sel in selectors.split(',') {
+                let decls = out.entry(sel.trim().to_owned()).or_default();
+                for d in body.split(';') {
+                    if let Some((k, v)) = d.split_once(':') {
+                        decls.insert(k.trim().to_owned(), v.trim().to_owned());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A colour value as `#rrggbb`, through the `:root` variables.
+    fn resolve(rules: &BTreeMap<String, BTreeMap<String, String>>, v: &str) -> String {
+        let v = v.split_whitespace().next().unwrap_or(v);
+        if let Some(name) = v.strip_prefix("var(").and_then(|n| n.strip_suffix(')')) {
+            return resolve(rules, &rules[":root"][name]);
+        }
+        let hex = v.trim_start_matches('#');
+        let hex = if hex.len() == 3 {
+            hex.chars().flat_map(|c| [c, c]).collect()
+        } else {
+            hex.to_owned()
+        };
+        assert_eq!(hex.len(), 6, "{v} is not a colour the test reads");
+        format!("#{}", hex.to_ascii_lowercase())
+    }
+
+    /// WCAG 2's contrast ratio of two `#rrggbb` colours.
+    fn contrast(a: &str, b: &str) -> f64 {
+        let lum = |h: &str| {
+            let c = |i: usize| {
+                let v = f64::from(u8::from_str_radix(&h[i..i + 2], 16).unwrap()) / 255.0;
+                if v <= 0.03928 {
+                    v / 12.92
+                } else {
+                    ((v + 0.055) / 1.055).powf(2.4)
+                }
+            };
+            0.2126 * c(1) + 0.7152 * c(3) + 0.0722 * c(5)
+        };
+        let (x, y) = (lum(a), lum(b));
+        (x.max(y) + 0.05) / (x.min(y) + 0.05)
+    }
+
+    #[test]
+    fn every_text_colour_meets_wcag_aa_on_every_background_it_is_drawn_on() {
+        let rules = rules();
+        let colour = |sel: &str, prop: &str| {
+            let v = rules
+                .get(sel)
+                .and_then(|d| d.get(prop))
+                .unwrap_or_else(|| panic!("{sel} has no {prop}"));
+            resolve(&rules, v)
+        };
+        // (the rule giving the text colour, the rule giving the background
+        // it is drawn on): text inherits the body's colour unless its rule
+        // sets one, and sits on the page, a table cell, a header cell, a
+        // message box or a badge.
+        let boxes = [
+            "body", "table", "th", "pre", ".note", ".error", ".done", ".login", "form.act",
+        ];
+        let states = [".SUCCEEDED", ".FAILED", ".RUNNING", ".PENDING", ".SKIPPED"];
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for bg in boxes {
+            pairs.push(("body", bg));
+            pairs.push(("a", bg));
+        }
+        for bg in ["body", "table", ".note", ".error", ".done"] {
+            pairs.push((".muted", bg));
+        }
+        pairs.extend([("header", "header"), ("header a", "header")]);
+        for bg in states {
+            pairs.push((".badge", bg));
+            pairs.push((".cal a", bg));
+        }
+        pairs.extend([(".MISSING", ".MISSING"), (".cal .MISSING", ".MISSING")]);
+        let mut checked = std::collections::BTreeSet::new();
+        for (fg_sel, bg_rule) in &pairs {
+            let fg = colour(fg_sel, "color");
+            let bg = match rules.get(*bg_rule).and_then(|d| d.get("background")) {
+                Some(v) => resolve(&rules, v),
+                None => colour(bg_rule, "background-color"),
+            };
+            let ratio = contrast(&fg, &bg);
+            assert!(
+                ratio >= 4.5,
+                "{fg_sel} ({fg}) on {bg_rule} ({bg}): {ratio:.2}:1, below 4.5:1"
+            );
+            checked.insert(fg);
+        }
+        // Every text colour of the sheet is among those checked, so a new
+        // one cannot slip in unchecked.
+        for (sel, decls) in &rules {
+            if let Some(v) = decls.get("color") {
+                let c = resolve(&rules, v);
+                assert!(checked.contains(&c), "{sel}'s colour {c} is not checked");
+            }
+        }
+        // The numbers themselves, as WCAG computes them.
+        assert!((contrast("#ffffff", "#000000") - 21.0).abs() < 1e-9);
+        assert!((contrast("#777777", "#ffffff") - 4.48).abs() < 0.01);
+    }
 }

@@ -18,6 +18,13 @@
 //!   preview.
 //! - `job_actions.rs`: pausing and resuming a job, and its paused state
 //!   with the form for the job's pages.
+//! - `bulk.rs`: re-run or skip every run a filter of the run list shows,
+//!   with one reason, a preview naming every key, and a report per key.
+//! - `enqueue.rs`: enqueue a job's missing periods, with a preview and a
+//!   reason, from the job's declaration in the database.
+//!
+//! An address that names no page, job or run answers 404 with the page
+//! frame (its navigation), once signed in.
 //!
 //! Every route but `/healthz`, `/login` and the style sheet needs a
 //! session; every POST needs the session's CSRF token and a same-origin
@@ -28,9 +35,11 @@
 //! `batchonce roles` (`<prefix>_console`) can do nothing else.
 
 pub mod auth;
+mod bulk;
 mod calendar;
 mod chart;
 pub mod client_addr;
+mod enqueue;
 mod html;
 mod job_actions;
 pub mod limits;
@@ -43,12 +52,12 @@ mod scopes_page;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 use maud::html;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -156,17 +165,24 @@ pub fn router(pool: PgPool, opts: ConsoleOptions) -> Result<Router, ConsoleError
     let signed_in = Router::new()
         .route("/", get(overview::overview))
         .route("/runs", get(pages::runs))
+        .route("/runs/bulk", get(bulk::preview))
+        .route("/runs/bulk/apply", post(bulk::apply))
         .route("/runs/{key}", get(run_page::show))
         .route("/runs/{key}/preview", post(run_page::preview))
         .route("/runs/{key}/apply", post(run_page::apply))
-        .route("/jobs/{job}", get(calendar::calendar))
+        .route("/jobs/{job}", get(calendar))
         .route("/jobs/{job}/pause", post(job_actions::pause))
         .route("/jobs/{job}/resume", post(job_actions::resume))
+        .route("/jobs/{job}/enqueue/preview", post(enqueue::preview))
+        .route("/jobs/{job}/enqueue/apply", post(enqueue::apply))
         .route("/scopes", get(scopes_page::scopes))
         .route("/stale", get(pages::stale))
         .route("/audit", get(pages::audit))
         .route("/workers", get(pages::workers))
         .route("/logout", post(login::logout))
+        // Behind the sign-in like every page: an address that names
+        // nothing asks a signed-out browser to sign in first.
+        .fallback(no_such_page)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Ok(Router::new()
         .route("/healthz", get(healthz))
@@ -310,6 +326,79 @@ pub(crate) fn refuse(status: StatusCode, why: &str) -> Response {
         html! { main { h1 { "Refused" } (html::message("error", why)) p { a href="/" { "Back to the overview" } } } },
     );
     (status, body).into_response()
+}
+
+/// The checks every action request passes before its form is looked at:
+/// the session's CSRF token, and the operator role. A refusal is the page
+/// to answer with.
+pub(crate) fn refuse_act(a: &Authed, csrf: Option<&str>) -> Option<Response> {
+    match csrf {
+        Some(t) if auth::same_secret(t, &a.session.csrf) => {}
+        _ => {
+            return Some(refuse(
+                StatusCode::FORBIDDEN,
+                "refused: missing or wrong CSRF token; reload the page and try again",
+            ))
+        }
+    }
+    if !html::may_act(a.session.user.role) {
+        return Some(refuse(
+            StatusCode::FORBIDDEN,
+            "refused: only an operator may act; you are a viewer",
+        ));
+    }
+    None
+}
+
+/// A 404 with the page frame, so the navigation is there to go on from.
+pub(crate) fn not_found(a: &Authed, why: &str) -> Response {
+    let body = html! {
+        h1 { "Not found" }
+        (html::message("error", why))
+        p { a href="/" { "Overview" } " · " a href="/runs" { "Runs" } }
+    };
+    (
+        StatusCode::NOT_FOUND,
+        html::page("Not found", &a.session, body),
+    )
+        .into_response()
+}
+
+async fn no_such_page(Extension(a): Extension<Authed>) -> Response {
+    not_found(&a, "There is no page at this address.")
+}
+
+/// A job's calendar, for a job the database knows (declared, run or
+/// recorded); any other name is a 404.
+async fn calendar(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    Path(job): Path<String>,
+    query: Query<calendar::CalendarQuery>,
+) -> Response {
+    match known_job(&app, &a, &job).await {
+        Ok(_) => calendar::calendar(State(app), Extension(a), Path(job), query).await,
+        Err(res) => *res,
+    }
+}
+
+/// The job `name` names, if the database knows it; otherwise the 404 (or
+/// the database error) to answer with.
+pub(crate) async fn known_job(
+    app: &App,
+    a: &Authed,
+    name: &str,
+) -> Result<crate::key::JobName, Box<Response>> {
+    let shown: String = name.chars().take(80).collect();
+    let unknown = || Box::new(not_found(a, &format!("No job is named {shown}.")));
+    let Ok(job) = crate::key::JobName::parse(name) else {
+        return Err(unknown());
+    };
+    match crate::queue::job_known(&app.pool, &job).await {
+        Ok(true) => Ok(job),
+        Ok(false) => Err(unknown()),
+        Err(e) => Err(Box::new(db_error(e))),
+    }
 }
 
 /// The client a request comes from: see `client_addr.rs`. The peer is a

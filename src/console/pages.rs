@@ -24,17 +24,17 @@ const PAGE: u32 = 100;
 
 #[derive(serde::Deserialize, Default)]
 pub(crate) struct RunsQuery {
-    job: Option<String>,
-    status: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
-    key: Option<String>,
-    scope: Option<String>,
+    pub(super) job: Option<String>,
+    pub(super) status: Option<String>,
+    pub(super) from: Option<String>,
+    pub(super) to: Option<String>,
+    pub(super) key: Option<String>,
+    pub(super) scope: Option<String>,
     /// The cursor: the last row of the previous page, `DATE|KEY`.
     after: Option<String>,
 }
 
-fn opt(s: &Option<String>) -> Option<&str> {
+pub(super) fn opt(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
@@ -49,7 +49,7 @@ fn page_of<T>(rows: &[T]) -> (&[T], bool) {
 
 /// `path?` with the given filters that are set, each percent-encoded, for
 /// paging links that keep the filter.
-fn query_path(path: &str, filters: &[(&str, &Option<String>)]) -> String {
+pub(super) fn query_path(path: &str, filters: &[(&str, &Option<String>)]) -> String {
     let mut out = format!("{path}?");
     for (name, v) in filters {
         if let Some(v) = opt(v) {
@@ -60,7 +60,7 @@ fn query_path(path: &str, filters: &[(&str, &Option<String>)]) -> String {
 }
 
 /// The filter a query asks for, or the one line saying what is wrong.
-fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
+pub(super) fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
     let date = |s: Option<&str>| -> Result<Option<NaiveDate>, String> {
         s.map(|s| crate::key::parse_date(s).map_err(|e| e.to_string()))
             .transpose()
@@ -128,6 +128,11 @@ pub(crate) async fn runs(
             ("scope", &q.scope),
         ],
     );
+    // An operator's bulk actions on what the filter shows (bulk.rs).
+    let bulk = match super::bulk::offer(&app, &a, &filter, &base).await {
+        Ok(m) => m,
+        Err(res) => return *res,
+    };
     let next = rows.last().filter(|_| more).map(|r| {
         format!(
             "{base}&after={}",
@@ -150,6 +155,7 @@ pub(crate) async fn runs(
             label { "Scope" input type="text" name="scope" value=(opt(&q.scope).unwrap_or("")); }
             button type="submit" { "Filter" }
         }
+        (bulk)
         (run_table(rows))
         @if rows.is_empty() { p.muted { "No run matches." } }
         p {
@@ -163,8 +169,8 @@ pub(crate) async fn runs(
 pub(crate) fn run_table(rows: &[queue::RunView]) -> Markup {
     html! {
         table {
-            tr { th { "Key" } th { "State" } th { "Attempts" } th { "Processed" } th { "Failed items" }
-                 th { "Finished" } th { "Last error" } }
+            tr { th scope="col" { "Key" } th scope="col" { "State" } th scope="col" { "Attempts" } th scope="col" { "Processed" }
+                 th scope="col" { "Failed items" } th scope="col" { "Finished" } th scope="col" { "Last error or reason" } }
             @for r in rows {
                 tr {
                     td { a href=(run_href(&r.job_key)) { (r.job_key) } }
@@ -190,10 +196,24 @@ pub(crate) async fn stale(
         Ok(r) => r,
         Err(e) => return db_error(e),
     };
+    let may_act = html::may_act(a.session.user.role);
     let body = html! {
         h1 { "Stale runs" }
         @if runs.is_empty() { p.muted { "No run is stale." } }
-        @for r in &runs { (stale_evidence(r)) }
+        @for r in &runs {
+            (stale_evidence(r))
+            // A dead run's worker is gone: failing it is the way on. The
+            // run page's preview shows the change before it applies.
+            @if may_act && r.conclusion == "dead" {
+                form.act method="post" action={ (run_href(&r.job_key)) "/preview" } {
+                    input type="hidden" name="csrf" value=(a.session.csrf);
+                    input type="hidden" name="action" value="fail";
+                    label { "Reason (required)" input.reason type="text" name="reason" required minlength="3" maxlength="500"; }
+                    button type="submit" { "Fail…" }
+                    span.muted { "Its worker is gone; failing it ends its attempt. The next page shows the change before it applies." }
+                }
+            }
+        }
     };
     html::page("Stale runs", &a.session, body).into_response()
 }
@@ -203,16 +223,16 @@ pub(crate) fn stale_evidence(r: &StaleRun) -> Markup {
     html! {
         h2 { a href=(run_href(&r.job_key)) { (r.job_key) } " — " strong { (r.conclusion) } }
         table {
-            tr { th { "Attempt" } td { (r.attempt) } }
-            tr { th { "Worker" } td { (r.worker_id.as_deref().unwrap_or("—")) } }
-            tr { th { "Running for" } td { (age(r.running_seconds)) } }
-            tr { th { "Lease expired" } td { (if r.lease_expired { "yes" } else { "no" }) } }
-            tr { th { "Heartbeat age" } td { (r.heartbeat_age_seconds.map(age).unwrap_or_else(|| "never".into())) } }
-            tr { th { "Processed" } td { (r.processed_count) (if r.advanced_since_heartbeat { " (advancing)" } else { " (not advancing)" }) } }
-            tr { th { "Worker last seen" } td { (r.worker_last_seen_age_seconds.map(|s| format!("{} ago", age(s))).unwrap_or_else(|| "never".into())) } }
-            tr { th { "Database session" } td { (if r.session_alive { "connected" } else { "none" }) } }
+            tr { th scope="row" { "Attempt" } td { (r.attempt) } }
+            tr { th scope="row" { "Worker" } td { (r.worker_id.as_deref().unwrap_or("—")) } }
+            tr { th scope="row" { "Running for" } td { (age(r.running_seconds)) } }
+            tr { th scope="row" { "Lease expired" } td { (if r.lease_expired { "yes" } else { "no" }) } }
+            tr { th scope="row" { "Heartbeat age" } td { (r.heartbeat_age_seconds.map(age).unwrap_or_else(|| "never".into())) } }
+            tr { th scope="row" { "Processed" } td { (r.processed_count) (if r.advanced_since_heartbeat { " (advancing)" } else { " (not advancing)" }) } }
+            tr { th scope="row" { "Worker last seen" } td { (r.worker_last_seen_age_seconds.map(|s| format!("{} ago", age(s))).unwrap_or_else(|| "never".into())) } }
+            tr { th scope="row" { "Database session" } td { (if r.session_alive { "connected" } else { "none" }) } }
             @if let Some(w) = &r.lock_wait {
-                tr { th { "Waiting on a lock" } td {
+                tr { th scope="row" { "Waiting on a lock" } td {
                     "session " (w.pid) " waits"
                     (w.waiting_seconds.map(|s| format!(" for {}", age(s))).unwrap_or_default())
                     ul { @for b in &w.blockers { li { (b.session.describe()) } } }
@@ -269,14 +289,15 @@ pub(crate) async fn audit(
             label { "Operator" input type="text" name="operator" value=(opt(&q.operator).unwrap_or("")); }
             label { "Action" select name="action" {
                 option value="" { "any" }
-                @for s in ["fail", "rerun", "skip", "terminate-blocker", "archive", "pause", "resume"] {
+                @for s in ["fail", "rerun", "skip", "enqueue", "terminate-blocker", "archive", "pause", "resume"] {
                     option value=(s) selected[opt(&q.action) == Some(s)] { (s) }
                 }
             } }
             button type="submit" { "Filter" }
         }
         table {
-            tr { th { "When" } th { "Operator" } th { "From" } th { "Action" } th { "Run" } th { "Change" } th { "Reason" } }
+            tr { th scope="col" { "When" } th scope="col" { "Operator" } th scope="col" { "From" } th scope="col" { "Action" }
+                 th scope="col" { "Run" } th scope="col" { "Change" } th scope="col" { "Reason" } }
             @for r in rows {
                 tr {
                     td { (at(r.at)) }
@@ -317,8 +338,9 @@ pub(crate) async fn workers(
         h1 { "Workers and producers" }
         (registry_note(&left_out, left_out_n))
         table {
-            tr { th { "Process" } th { "Role" } th { "Live" } th { "Host" } th { "PID" } th { "Version" }
-                 th { "Started" } th { "Last seen" } th { "Configuration" } }
+            tr { th scope="col" { "Process" } th scope="col" { "Role" } th scope="col" { "Live" } th scope="col" { "Host" }
+                 th scope="col" { "PID" } th scope="col" { "Version" } th scope="col" { "Started" } th scope="col" { "Last seen" }
+                 th scope="col" { "Configuration" } }
             @for p in &processes {
                 tr {
                     td { (p.worker_id) } td { (p.role) } td { (if p.live { "live" } else { "gone" }) }

@@ -1,5 +1,9 @@
-//! One run: its context, its attempts as a timeline, progress, the stale
-//! evidence and verdict, its audited history, and the operator actions.
+//! One run: the operator actions first, then its context, its attempts as
+//! a timeline, progress, the stale evidence and verdict, and its audited
+//! history. The run's message is labelled by who wrote it: an operator's
+//! reason (with who and when, from the audit log), the business calendar's
+//! skip, or the last error of an attempt; the next attempt is shown only
+//! for a PENDING run that has one left.
 //!
 //! An action is two requests: a preview, which checks it against the run's
 //! current state without writing and shows the change, and a confirmation,
@@ -19,7 +23,7 @@ use maud::{html, Markup};
 
 use super::html::{self, age, at, at_opt, badge, encode, run_href};
 use super::pages::stale_evidence;
-use super::{auth, db_error, refuse, App, Authed};
+use super::{auth, db_error, not_found, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::JobKey;
 use crate::queue::blockers::{self, ActError, ActOptions};
@@ -44,7 +48,7 @@ pub(crate) async fn show(
 ) -> Response {
     let key = match JobKey::parse(&key) {
         Ok(k) => k,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e) => return not_found(&a, &format!("No run has this key: {e}.")),
     };
     let message = match q.done {
         None => None,
@@ -80,12 +84,7 @@ async fn render(
 ) -> Response {
     let (run, attempts) = match queue::show_run(&app.pool, key).await {
         Ok(Some(r)) => r,
-        Ok(None) => {
-            return refuse(
-                StatusCode::NOT_FOUND,
-                &format!("no run with key {}", key.as_str()),
-            )
-        }
+        Ok(None) => return not_found(a, &format!("No run has the key {}.", key.as_str())),
         Err(e) => return db_error(e),
     };
     let history = match queue::actions(&app.pool, key).await {
@@ -117,38 +116,54 @@ async fn render(
         })
         .unwrap_or_default();
     let may_act = html::may_act(a.session.user.role);
+    let said = run_message(&run, &history);
+    // Only a PENDING run that will be claimed again has a next attempt.
+    let next_attempt = run.status == "PENDING" && run.attempts < run.max_attempts;
     let body = html! {
         h1 { (run.job_key) " " (badge(&run.status)) }
         @if let Some((class, text)) = &message { (html::message(class, text)) }
         @if let Some(p) = preview { (p) }
+        h2 { "Actions" }
+        @if !may_act { p.muted { "You are a viewer: only an operator may act." } }
+        @else {
+            @let forms: Vec<Markup> = [Action::Fail, Action::Rerun, Action::Skip]
+                .into_iter()
+                .filter_map(|action| action_form(a, &run.job_key, &run.status, action))
+                .collect();
+            @if forms.is_empty() { p.muted { "No action applies to a " (run.status) " run." } }
+            @for f in &forms { (f) }
+        }
+        h2 { "Run" }
         table {
-            tr { th { "Job" } td { a href={ "/jobs/" (encode(&run.job_name)) } { (run.job_name) } } }
-            tr { th { "Business date" } td { (run.business_date) } }
+            tr { th scope="row" { "Job" } td { a href={ "/jobs/" (encode(&run.job_name)) } { (run.job_name) } } }
+            tr { th scope="row" { "Business date" } td { (run.business_date) } }
             @if let (queue::Step::Partition { no, count }, Some(parent)) = (run.step, &run.partition_of) {
-                tr { th { "Partition" } td { (no) " of " (count) " of " a href=(run_href(parent)) { (parent) } } }
+                tr { th scope="row" { "Partition" } td { (no) " of " (count) " of " a href=(run_href(parent)) { (parent) } } }
             }
-            tr { th { "Attempts" } td { (run.attempts) " of " (run.max_attempts) } }
-            tr { th { "Progress" } td { (run.processed_count) " items processed, " (run.failed_count) " failed" } }
-            tr { th { "Enqueued" } td { (at(run.enqueued_at)) } }
-            tr { th { "Started" } td { (at_opt(run.started_at)) } }
-            tr { th { "Finished" } td { (at_opt(run.finished_at)) } }
-            @if queue::is_waiting(&run) {
-                tr { th { "Next attempt not before" } td { "its partitions have all succeeded" } }
-            } @else {
-                tr { th { "Next attempt not before" } td { (at(run.next_run_at)) } }
+            tr { th scope="row" { "Attempts" } td { (run.attempts) " of " (run.max_attempts) } }
+            tr { th scope="row" { "Progress" } td { (run.processed_count) " items processed, " (run.failed_count) " failed" } }
+            tr { th scope="row" { "Enqueued" } td { (at(run.enqueued_at)) } }
+            tr { th scope="row" { "Started" } td { (at_opt(run.started_at)) } }
+            tr { th scope="row" { "Finished" } td { (at_opt(run.finished_at)) } }
+            @if next_attempt && queue::is_waiting(&run) {
+                tr { th scope="row" { "Next attempt" } td { "once its partitions have all succeeded" } }
+            } @else if next_attempt {
+                tr { th scope="row" { "Next attempt not before" } td { (at(run.next_run_at)) } }
             }
             @if run.status == "RUNNING" {
-                tr { th { "Lease" } td {
+                tr { th scope="row" { "Lease" } td {
                     (run.lease_owner.as_deref().unwrap_or("—")) ", attempt " (run.attempts)
                     ", expires " (at_opt(run.lease_expires_at))
                     ", last heartbeat " (at_opt(run.heartbeat_at))
                 } }
             }
-            tr { th { "Last error" } td { (run.error_message.as_deref().unwrap_or("—")) } }
+            @if let Some((label, text)) = &said {
+                tr { th scope="row" { (label) } td { (text) } }
+            }
         }
         h2 { "Context (fixed when enqueued)" }
         @if context.is_empty() { p.muted { "Enqueued by an earlier release without a stored context." } }
-        @else { table { @for (k, v) in &context { tr { th { (k) } td { code { (v) } } } } } }
+        @else { table { @for (k, v) in &context { tr { th scope="row" { (k) } td { code { (v) } } } } } }
         @if let Some(s) = &stale { (stale_evidence(s)) }
         @if !partitions.is_empty() {
             h2 { "Partitions" }
@@ -174,27 +189,21 @@ async fn render(
         @if history.is_empty() { p.muted { "No operator has acted on this run." } }
         @else {
             table {
-                tr { th { "When" } th { "Operator" } th { "Action" } th { "Change" } th { "Reason" } }
+                tr { th scope="col" { "When" } th scope="col" { "Operator" } th scope="col" { "Action" } th scope="col" { "Change" } th scope="col" { "Reason" } }
                 @for h in &history {
                     tr { td { (at(h.at)) } td { (h.operator) } td { (h.action) }
                          td { (h.before_status) " → " (h.after_status) } td { (h.reason) } }
                 }
             }
         }
-        h2 { "Actions" }
-        @if !may_act { p.muted { "You are a viewer: only an operator may act." } }
-        @else {
-            @for action in [Action::Fail, Action::Rerun, Action::Skip] {
-                (action_form(a, &run.job_key, &run.status, action))
-            }
-        }
     };
     html::page(&run.job_key, &a.session, body).into_response()
 }
 
-/// A preview form for `action`, offered when the run's state allows it
-/// (with `force` where the command line would need `--force`).
-fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Markup {
+/// A preview form for `action`, offered when the run's state allows it,
+/// with Force (and what it does, in plain words) where the state or a live
+/// lease needs it.
+fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Option<Markup> {
     let (plain, forced): (&[&str], &[&str]) = match action {
         Action::Fail => (&["RUNNING"], &["PENDING"]),
         Action::Rerun => (&["FAILED"], &["SUCCEEDED", "SKIPPED"]),
@@ -202,14 +211,14 @@ fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Markup {
     };
     let needs_force = forced.contains(&status);
     if !plain.contains(&status) && !needs_force {
-        return html! {};
+        return None;
     }
     let label = match action {
         Action::Fail => "Fail",
         Action::Rerun => "Re-run",
         Action::Skip => "Skip",
     };
-    html! {
+    Some(html! {
         form.act method="post" action={ (run_href(key)) "/preview" } {
             input type="hidden" name="csrf" value=(a.session.csrf);
             input type="hidden" name="action" value=(action.as_str());
@@ -217,10 +226,102 @@ fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Markup {
             label { "Reason (required)" input.reason type="text" name="reason" required minlength="3" maxlength="500"; }
             @if needs_force || action == Action::Fail {
                 label { "Force" input type="checkbox" name="force" value="true" checked[needs_force]; }
+                span.muted { (force_meaning(action)) }
             }
             button type="submit" { "Preview" }
         }
+    })
+}
+
+/// What Force does for `action`, in plain words, shown beside its box.
+fn force_meaning(action: Action) -> &'static str {
+    match action {
+        Action::Fail => {
+            "Force fails the run even if it has not started (PENDING) or its worker's lease is still live: \
+             the worker can no longer write or finish it, and its attempt ends as failed. \
+             Without Force, only a RUNNING run whose lease expired or that is past its stale threshold is failed."
+        }
+        Action::Rerun => {
+            "Force re-runs a run that SUCCEEDED or was SKIPPED, as a correction: it goes back to PENDING \
+             with a new attempt budget and runs again."
+        }
+        Action::Skip => "",
     }
+}
+
+/// A refusal in the console's words: the queue's text, without the command
+/// line's flags, and what to do here instead.
+pub(crate) fn refused_text(r: &queue::Refused) -> String {
+    let what = match r.remedy {
+        queue::Remedy::None => "",
+        queue::Remedy::ForceCorrection => {
+            "; re-running it is a correction: tick Force and preview again"
+        }
+        queue::Remedy::ForceNotStarted => {
+            "; to fail a run that has not started, tick Force and preview again"
+        }
+        queue::Remedy::CheckStaleOrForce => {
+            "; check its stale verdict (the Stale page) first, or tick Force and preview again"
+        }
+    };
+    format!("{}{what}", r.without_remedy())
+}
+
+/// What the run's message is and who wrote it: `(label, text)`. An
+/// operator's action writes its reason into the run's message; that is
+/// the operator's reason, with who and when from the audit log, never the
+/// last error. A calendar skip says why the run was skipped. Otherwise the
+/// message is the last attempt's error.
+fn run_message(run: &queue::RunView, history: &[queue::ActionView]) -> Option<(String, String)> {
+    let msg = run.error_message.as_deref()?;
+    for h in history.iter().rev() {
+        let verb = match h.action.as_str() {
+            "fail" => "failed",
+            "rerun" => "re-run",
+            "skip" => "skipped",
+            _ => continue,
+        };
+        let written =
+            crate::text::truncate(&format!("{verb} by operator {}: {}", h.operator, h.reason));
+        if written == msg {
+            return Some((
+                "Operator's reason".into(),
+                format!(
+                    "{} ({} by {} at {})",
+                    h.reason,
+                    h.action,
+                    h.operator,
+                    at(h.at)
+                ),
+            ));
+        }
+    }
+    // A partition carries its parent's action, whose audit row is the
+    // parent's: `rerun of KEY: re-run by operator …`.
+    let inner = msg.split_once(": ").filter(|(head, _)| {
+        ["fail of ", "rerun of ", "skip of "]
+            .iter()
+            .any(|p| head.starts_with(p))
+    });
+    if let Some((head, rest)) = inner {
+        if [
+            "failed by operator ",
+            "re-run by operator ",
+            "skipped by operator ",
+        ]
+        .iter()
+        .any(|p| rest.starts_with(p))
+        {
+            return Some((
+                "Operator's reason (on its parent run)".into(),
+                format!("{head}: {rest}"),
+            ));
+        }
+    }
+    if run.status == "SKIPPED" && msg.starts_with("business calendar:") {
+        return Some(("Why skipped".into(), msg.to_owned()));
+    }
+    Some(("Last error".into(), msg.to_owned()))
 }
 
 #[derive(serde::Deserialize)]
@@ -256,7 +357,8 @@ fn request(a: &Authed, key: &str, f: &ActionForm) -> Result<OperatorRequest, (St
             "refused: only an operator may act; you are a viewer",
         ));
     }
-    let key = JobKey::parse(key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let key = JobKey::parse(key)
+        .map_err(|e| (StatusCode::NOT_FOUND, format!("No run has this key: {e}.")))?;
     let action = match f.action.as_str() {
         "fail" => Action::Fail,
         "rerun" => Action::Rerun,
@@ -284,16 +386,21 @@ pub(crate) async fn preview(
 ) -> Response {
     let req = match request(&a, &key, &f) {
         Ok(r) => r,
+        Err((StatusCode::NOT_FOUND, why)) => return not_found(&a, &why),
         Err((status, why)) => return refuse(status, &why),
     };
     match queue::preview_action(&app.pool, &req, Clock::Db).await {
+        // No run with this key: the run's page says so, as a 404.
+        Err(queue::QueueError::Invalid(why)) => {
+            render(&app, &a, &req.key, Some(("error", why)), None).await
+        }
         Err(e) => db_error(e),
         Ok(Err(refused)) => {
             render(
                 &app,
                 &a,
                 &req.key,
-                Some(("error", refused.to_string())),
+                Some(("error", refused_text(&refused))),
                 None,
             )
             .await
@@ -331,6 +438,7 @@ pub(crate) async fn apply(
 ) -> Response {
     let req = match request(&a, &key, &f) {
         Ok(r) => r,
+        Err((StatusCode::NOT_FOUND, why)) => return not_found(&a, &why),
         Err((status, why)) => return refuse(status, &why),
     };
     let origin = Origin {
@@ -365,6 +473,9 @@ pub(crate) async fn apply(
                 req.key
             );
             return conflict(&app, &a, &req.key, why, None).await;
+        }
+        Err(ActError::Queue(queue::QueueError::Invalid(why))) => {
+            return render(&app, &a, &req.key, Some(("error", why)), None).await
         }
         Err(ActError::Queue(e)) => return db_error(e),
         Err(ActError::Blocked(b)) => {
@@ -406,7 +517,7 @@ pub(crate) async fn apply(
         .await
         .ok()
         .and_then(|h| h.into_iter().last());
-    let mut why = refused.to_string();
+    let mut why = refused_text(&refused);
     if let Some(l) = last {
         why.push_str(&format!(
             ". Last action: {} by {} at {} ({} → {}): {}",

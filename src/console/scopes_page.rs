@@ -62,7 +62,7 @@ pub(crate) async fn scopes(
         @for p in &periods {
             h2 { (p.period_key) " — " (p.scopes) " scopes" @if p.open() > 0 { ", " (p.open()) " not done" } }
             table {
-                tr { th { "State" } th { "Scopes" } th { "Which" } }
+                tr { th scope="col" { "State" } th scope="col" { "Scopes" } th scope="col" { "Which" } }
                 @for s in p.states.iter().filter(|s| s.count > 0) {
                     @let list = format!("/runs?job={}&status={}&key={}", encode(&p.job_name), encode(&s.status), encode(&format!("{}@", p.period_key)));
                     tr {

@@ -29,6 +29,13 @@
 //! 8. It SIGTERMs the remaining worker and expects exit 0.
 //! 9. It verifies each run through `JobDemo::verify` with its key and date, and requires the killed
 //!    run to have taken exactly 2 attempts.
+//!
+//! With `--console` it then declares the demo's jobs (as `migrate` would, so the console can
+//! enqueue missing periods), serves the console with a one-time login, and prints how another
+//! terminal reaches the demo's database and starts a worker on it: an `export` of `PGPASSFILE`
+//! (the cluster's own 0600 password file, or one written 0600 in the demo's folder for a
+//! `DATABASE_URL` with a password) and of `DATABASE_URL` without its password, and the
+//! `worker --config` command line with the demo's configuration file.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -140,7 +147,18 @@ pub async fn run(
             u
         }
     };
-    let result = run_on(registry, &server_url, config, &home, started, console).await;
+    let pgpass = cluster
+        .as_ref()
+        .map(|c| c.dir().join(crate::ops::embedded::PASSWORD_FILE));
+    let result = run_on(
+        registry,
+        &server_url,
+        config,
+        &home,
+        started,
+        console.map(|addr| (addr, pgpass)),
+    )
+    .await;
     if let Some(c) = cluster.filter(|c| c.started_here) {
         let _ = tokio::task::spawn_blocking(move || c.stop()).await;
     }
@@ -153,7 +171,7 @@ async fn run_on(
     config: &Config,
     home: &std::path::Path,
     started: Instant,
-    console: Option<std::net::SocketAddr>,
+    console: Option<(std::net::SocketAddr, Option<PathBuf>)>,
 ) -> anyhow::Result<bool> {
     // A fresh database each time, so the demo always shows a first run.
     let admin = db::connect(server_url, "batchonce-demo", 2).await?;
@@ -388,21 +406,132 @@ async fn run_on(
         },
         started.elapsed().as_secs_f64()
     );
-    if let Some(addr) = console {
-        serve_console(&pool, &demo_cfg, addr).await?;
+    if let Some((addr, pgpass)) = console {
+        let reach = Reach {
+            url: &url,
+            config: &cfg_path,
+            home,
+            pgpass: pgpass.as_deref(),
+        };
+        serve_console(&pool, &demo_cfg, addr, &reach).await?;
     }
     Ok(ok)
 }
 
+/// What another terminal needs to reach the demo: its database's URL, the
+/// demo's configuration file, its folder, and the private cluster's
+/// password file (when the demo started or attached to one).
+struct Reach<'a> {
+    url: &'a str,
+    config: &'a std::path::Path,
+    home: &'a std::path::Path,
+    pgpass: Option<&'a std::path::Path>,
+}
+
+/// `s` quoted for a POSIX shell: one word, whatever it holds.
+fn sh(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The lines that let another terminal use the demo's database: an
+/// `export` of `DATABASE_URL` without its password, with `PGPASSFILE`
+/// naming a 0600 file that holds it (the cluster's own, or one written in
+/// the demo's folder), so no password is printed; and a worker's command.
+fn reach_lines(r: &Reach) -> anyhow::Result<Vec<String>> {
+    let mut u = url::Url::parse(r.url).context("the demo's database URL")?;
+    let password = u.password().map(percent_decode).or_else(|| {
+        u.query_pairs()
+            .find(|(k, _)| k == "password")
+            .map(|(_, v)| v.into_owned())
+    });
+    let mut export = String::from("export");
+    if let Some(password) = password {
+        // Setting a password only fails for URLs that cannot have one.
+        let _ = u.set_password(None);
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .filter(|(k, _)| k != "password")
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        u.set_query(None);
+        if !pairs.is_empty() {
+            u.query_pairs_mut().extend_pairs(&pairs);
+        }
+        let file = match r.pgpass {
+            Some(f) => f.to_path_buf(),
+            None => write_pgpass(r.home, &percent_decode(u.username()), &password)?,
+        };
+        let file = std::path::absolute(&file).unwrap_or(file);
+        export.push_str(&format!(" PGPASSFILE={}", sh(&file.to_string_lossy())));
+    }
+    export.push_str(&format!(" DATABASE_URL={}", sh(u.as_str())));
+    let exe = std::env::current_exe().context("cannot find the batchonce binary")?;
+    let config = std::path::absolute(r.config).unwrap_or_else(|_| r.config.to_path_buf());
+    Ok(vec![
+        export,
+        format!(
+            "{} worker --config {}",
+            sh(&exe.to_string_lossy()),
+            sh(&config.to_string_lossy())
+        ),
+    ])
+}
+
+/// A URL's user-info part decoded (`%XX` to its byte; `+` stays `+`).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A libpq password file (`PGPASSFILE`) for the demo's database, 0600 in the
+/// demo's folder, for a `DATABASE_URL` that came with a password.
+fn write_pgpass(home: &std::path::Path, user: &str, password: &str) -> anyhow::Result<PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let esc = |s: &str| s.replace('\\', "\\\\").replace(':', "\\:");
+    let path = home.join("demo.pgpass");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    // A file that existed keeps its mode through `open`: make it 0600.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    writeln!(f, "*:*:{DEMO_DB}:{}:{}", esc(user), esc(password))?;
+    Ok(path)
+}
+
 /// Leaves the console running on the demo's data until Ctrl-C, with a
-/// one-time operator login printed here. The demo's configuration is
-/// recorded as a producer's, so the calendars show what the schedules
-/// expected, and that producer shows signs of life while the console
-/// serves (liveness is the age of the last one).
+/// one-time operator login printed here, and how to reach the demo's
+/// database and run a worker on it from another terminal. The demo's
+/// configuration is recorded as a producer's, so the calendars show what the
+/// schedules expected, and declared, so the console can enqueue missing
+/// periods.
 async fn serve_console(
     pool: &sqlx::PgPool,
     cfg: &Config,
     addr: std::net::SocketAddr,
+    reach: &Reach<'_>,
 ) -> anyhow::Result<()> {
     use crate::console::auth::{hash_password, random_token, Role, Users};
     use crate::runtime::worker_registry;
@@ -410,6 +539,15 @@ async fn serve_console(
     let live_for = EVERY * 3 + std::time::Duration::from_secs(10);
     let jobs: Vec<(crate::key::JobName, &JobConfig)> =
         cfg.jobs.iter().map(|(n, c)| (n.clone(), c)).collect();
+    // The jobs of demo.toml, declared as `migrate` declares a file's.
+    let declared: std::collections::BTreeMap<crate::key::JobName, JobConfig> = cfg
+        .jobs
+        .iter()
+        .filter(|(_, c)| c.command.is_none())
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    queue::declare(pool, &declared).await?;
+    let lines = reach_lines(reach)?;
     worker_registry::register_process(
         pool,
         "demo-producer",
@@ -460,10 +598,86 @@ async fn serve_console(
             "         beyond loopback: reach it through an HTTPS proxy (its cookies are Secure)"
         );
     }
+    println!("         from another terminal, the demo's database (no password printed; PGPASSFILE holds it):");
+    println!("           {}", lines[0]);
+    println!("         and a worker on it:");
+    println!("           {}", lines[1]);
     println!("         Ctrl-C stops it");
     // Secure cookies follow the address: off on loopback (the demo's
     // default), where the browser reaches it without TLS.
     let opts = crate::console::ConsoleOptions::new(addr, users);
     crate::console::serve(pool.clone(), opts, stop).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_terminal_gets_the_url_without_its_password_and_a_password_file() {
+        let home = std::env::temp_dir().join(format!("bo-demo-reach-{}", std::process::id()));
+        std::fs::create_dir_all(&home).unwrap();
+        let cfg = home.join("demo.toml");
+        // The private cluster's URL: its own password file is named.
+        let cluster_file = home.join("pg-pgpass");
+        let lines = reach_lines(&Reach {
+            url: "postgres://postgres:s3cretAbC@localhost/batchonce_demo?host=%2Ft%2Fa%20b",
+            config: &cfg,
+            home: &home,
+            pgpass: Some(&cluster_file),
+        })
+        .unwrap();
+        assert!(!lines.concat().contains("s3cretAbC"), "{lines:?}");
+        assert_eq!(
+            lines[0],
+            format!(
+                "export PGPASSFILE='{}' DATABASE_URL='postgres://postgres@localhost/batchonce_demo?host=%2Ft%2Fa+b'",
+                cluster_file.display()
+            )
+        );
+        assert!(
+            lines[1].ends_with(&format!(" worker --config '{}'", cfg.display())),
+            "{lines:?}"
+        );
+        // A URL of the user's with a password: a 0600 file in the demo's folder.
+        let lines = reach_lines(&Reach {
+            url: "postgres://al%3Aice:p%40ss:w+rd@db.example:5433/batchonce_demo",
+            config: &cfg,
+            home: &home,
+            pgpass: None,
+        })
+        .unwrap();
+        let file = home.join("demo.pgpass");
+        assert_eq!(
+            lines[0],
+            format!(
+                "export PGPASSFILE='{}' DATABASE_URL='postgres://al%3Aice@db.example:5433/batchonce_demo'",
+                file.display()
+            )
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "*:*:batchonce_demo:al\\:ice:p@ss\\:w+rd\n"
+        );
+        // Without a password there is nothing to hide.
+        let lines = reach_lines(&Reach {
+            url: "postgres://me@db.example/batchonce_demo",
+            config: &cfg,
+            home: &home,
+            pgpass: None,
+        })
+        .unwrap();
+        assert_eq!(
+            lines[0],
+            "export DATABASE_URL='postgres://me@db.example/batchonce_demo'"
+        );
+        assert_eq!(sh("a'b $(x)"), "'a'\\''b $(x)'");
+        let _ = std::fs::remove_dir_all(&home);
+    }
 }

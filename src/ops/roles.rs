@@ -71,10 +71,12 @@ const AUDIT_FUNCTIONS: &[&str] = &[
 const TERMINATE_FUNCTION: &str = "batchonce_operator_terminate";
 
 /// Operator functions a later migration adds (with the terminate function;
-/// pause and resume, issue 44), granted to the operator and console once
+/// pause and resume, and the audited enqueue of missing periods, issue
+/// 44), granted to the operator and console once
 /// they exist: a console operator pauses a job from its page.
 const OPTIONAL_OPERATOR_FUNCTIONS: &[&str] = &[
     "batchonce_operator_audit_terminate_sessions",
+    "batchonce_operator_enqueue",
     "batchonce_operator_pause",
     "batchonce_operator_resume",
 ];

@@ -102,13 +102,53 @@ pub struct ActionOutcome {
 }
 
 /// Why an action was refused: the run's current state, for the operator.
+/// Its text ends with what to do on the command line ([`Remedy`]); the
+/// console says the same in its own words from `remedy`.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{action} refused for {key}: it is {status}{detail}")]
+#[error("{action} refused for {key}: it is {status}{detail}{}", remedy.command_line())]
 pub struct Refused {
     pub action: &'static str,
     pub key: String,
     pub status: String,
     pub detail: String,
+    /// What would let the action through, if anything.
+    pub remedy: Remedy,
+}
+
+impl Refused {
+    /// The refusal without the command line's remedy: what the console
+    /// shows before its own words for the remedy.
+    pub fn without_remedy(&self) -> String {
+        format!(
+            "{} refused for {}: it is {}{}",
+            self.action, self.key, self.status, self.detail
+        )
+    }
+}
+
+/// What would let a refused action through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// Nothing the operator can add: the state does not allow the action.
+    None,
+    /// Re-running a SUCCEEDED or SKIPPED run is a correction, made with force.
+    ForceCorrection,
+    /// Failing a run that has not started needs force.
+    ForceNotStarted,
+    /// A RUNNING run with a live lease: check whether it is stale, or force.
+    CheckStaleOrForce,
+}
+
+impl Remedy {
+    /// The remedy in the command line's words (with its flags).
+    pub fn command_line(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::ForceCorrection => "; re-running it is a correction: add --force",
+            Self::ForceNotStarted => "; add --force to fail a run that has not started",
+            Self::CheckStaleOrForce => "; check `runs stale`, or add --force",
+        }
+    }
 }
 
 /// Checks an action against the run's current state without writing.
@@ -159,30 +199,29 @@ pub(super) async fn check_action(
     let Some((status, stale)) = row else {
         return Err(QueueError::Invalid(format!("no run with key {}", req.key)));
     };
-    let refuse = |detail: String| Refused {
+    let refuse = |detail: String, remedy: Remedy| Refused {
         action: req.action.as_str(),
         key: req.key.to_string(),
         status: status.clone(),
         detail,
+        remedy,
     };
     let allowed = req.action.allowed(req.force);
     if !allowed.contains(&status.as_str()) {
-        let hint = match (req.action, status.as_str()) {
-            (Action::Rerun, "SUCCEEDED" | "SKIPPED") => {
-                "; re-running it is a correction: add --force"
-            }
-            (Action::Fail, "PENDING") => "; add --force to fail a run that has not started",
-            _ => "",
+        let remedy = match (req.action, status.as_str()) {
+            (Action::Rerun, "SUCCEEDED" | "SKIPPED") => Remedy::ForceCorrection,
+            (Action::Fail, "PENDING") => Remedy::ForceNotStarted,
+            _ => Remedy::None,
         };
-        return Ok(Err(refuse(format!(
-            " (allowed from {}){hint}",
-            allowed.join(" or ")
-        ))));
+        return Ok(Err(refuse(
+            format!(" (allowed from {})", allowed.join(" or ")),
+            remedy,
+        )));
     }
     if req.action == Action::Fail && status == "RUNNING" && !stale && !req.force {
         return Ok(Err(refuse(
-            " with a live lease and not past stale_after; check `runs stale`, or add --force"
-                .into(),
+            " with a live lease and not past stale_after".into(),
+            Remedy::CheckStaleOrForce,
         )));
     }
     Ok(Ok(status))
@@ -233,6 +272,7 @@ pub(crate) async fn apply_action_in(
             key: req.key.to_string(),
             status: before,
             detail: format!(" now, not {expected} as when the action was previewed; look again"),
+            remedy: Remedy::None,
         }));
     }
     let allowed: Vec<&str> = req.action.allowed(req.force).to_vec();
@@ -280,6 +320,7 @@ pub(crate) async fn apply_action_in(
             key: req.key.to_string(),
             status,
             detail: " (another action changed it first)".into(),
+            remedy: Remedy::None,
         }));
     }
     tx.commit().await?;

@@ -24,6 +24,8 @@
 //!   the archive tables in audited batches, and reading an archived run.
 //! - `blockers.rs`: sessions that hold locks others wait for, and the way
 //!   through them (lock timeout, audited termination).
+//! - `operator_enqueue.rs`: an operator's audited enqueue of a job's
+//!   missing periods (the console), and whether a job or a key exists.
 //! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
 //!   non-owner's enqueue must match them; the migration checks).
 //! - `expected.rs`: the periods a job's stored schedule made due (declared,
@@ -62,6 +64,7 @@ mod expected;
 mod finish;
 mod health;
 mod lease;
+mod operator_enqueue;
 mod partitions;
 pub mod pause;
 mod runs;
@@ -70,14 +73,17 @@ mod search;
 mod views;
 
 pub use actions::{
-    apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused,
+    apply_action, preview_action, Action, ActionOutcome, OperatorRequest, Origin, Refused, Remedy,
 };
 pub(crate) use actions::{apply_action_in, preview_action_in};
 pub use archive::{
     archive, archive_batch, preview as preview_archive, show_archived, ArchiveError,
     ArchiveRefused, ArchiveRequest, Archived, ArchivedJob, ARCHIVED_SQLSTATE, MAX_ARCHIVE_BATCH,
 };
-pub use declared::{declare, declared_jobs, declared_settings, not_as_declared, Declared};
+pub use declared::{
+    config_from_declared, declare, declared_job, declared_jobs, declared_settings, not_as_declared,
+    Declared, DeclaredJob,
+};
 pub use enqueue::{
     count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,
     PREFLIGHT_JOB,
@@ -96,6 +102,9 @@ pub use health::{
 pub use lease::{
     begin_fenced, claim, heartbeat, ClaimSpec, Fence, FencedTx, HeartbeatReport, HeldLease, Lease,
     MIN_FENCED_IDLE,
+};
+pub use operator_enqueue::{
+    existing_runs, job_known, operator_enqueue, OperatorEnqueued, MAX_OPERATOR_ENQUEUE,
 };
 pub use partitions::{is_waiting, partitions, Step, WAITING_YEAR};
 pub use pause::{paused_jobs, Paused};

@@ -49,7 +49,14 @@ pub async fn start(proxy: Option<ProxyAuth>) -> Console {
 /// defaults: the server listens on a free loopback port).
 pub async fn start_with(opts: ConsoleOptions) -> Console {
     let db = TestDb::new(&[]).await;
-    let app = router(db.pool.clone(), opts).unwrap();
+    let pool = db.pool.clone();
+    start_on(db, pool, opts).await
+}
+
+/// The console on `db` through `pool`, a login of the test's choosing (the
+/// console's own role, say), with `opts`.
+pub async fn start_on(db: TestDb, pool: sqlx::PgPool, opts: ConsoleOptions) -> Console {
+    let app = router(pool, opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();

@@ -618,6 +618,239 @@ fn demo_runs_the_whole_system_on_its_private_cluster() {
     );
 }
 
+/// The words of a line the demo printed for a shell: `'quoted'` words
+/// (no quote inside, as in the scratch paths here) and bare ones.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line.trim();
+    while !rest.is_empty() {
+        let (word, after) = match rest.find(['\'', ' ']) {
+            Some(i) if rest.as_bytes()[i] == b'\'' => {
+                let close = rest[i + 1..].find('\'').expect("a closing quote") + i + 1;
+                (
+                    format!("{}{}", &rest[..i], &rest[i + 1..close]),
+                    &rest[close + 1..],
+                )
+            }
+            Some(i) => (rest[..i].to_owned(), &rest[i..]),
+            None => (rest.to_owned(), ""),
+        };
+        out.push(word);
+        rest = after.trim_start();
+    }
+    out
+}
+
+/// A process this test started, stopped with SIGINT (as Ctrl-C would, so a
+/// demo stops the cluster it started) if the test ends before it does.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            signal(&self.0, Signal::SIGINT);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_console_prints_how_to_reach_its_database_and_its_login_works_once() {
+    use std::io::BufRead as _;
+    let home = scratch("demo-console");
+    // A free port for the console (the demo prints the address it is given).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut demo = Stopped(
+        Command::new(BIN)
+            .args(["demo", "--console", &format!("127.0.0.1:{port}")])
+            .env_remove("DATABASE_URL")
+            .env("BATCHONCE_HOME", &home)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = demo.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut printed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !printed
+        .iter()
+        .any(|l: &String| l.contains("Ctrl-C stops it"))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => {
+                panic!(
+                    "the demo printed no console within 180 s:\n{}",
+                    printed.join("\n")
+                );
+            }
+        }
+    }
+    let all = printed.join("\n");
+    assert!(all.contains("demo passed"), "{all}");
+    // The one-time password, from the console's line.
+    let console = printed
+        .iter()
+        .find(|l| l.starts_with("console: http://"))
+        .unwrap();
+    let password = console
+        .split("password ")
+        .nth(1)
+        .and_then(|p| p.split(',').next())
+        .unwrap()
+        .to_owned();
+    // How another terminal reaches the database, with no password printed.
+    let at = printed
+        .iter()
+        .position(|l| l.contains("from another terminal"))
+        .unwrap();
+    let export = shell_words(&printed[at + 1]);
+    let worker = shell_words(&printed[at + 3]);
+    assert_eq!(export[0], "export", "{all}");
+    let env: Vec<(String, String)> = export[1..]
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["PGPASSFILE", "DATABASE_URL"], "{all}");
+    let pgpass = std::fs::read_to_string(&env[0].1).unwrap();
+    let secret = pgpass.trim().rsplit(':').next().unwrap().to_owned();
+    assert!(secret.len() >= 16);
+    assert!(
+        !all.contains(&secret),
+        "the demo printed the database password"
+    );
+    assert!(!env[1].1.contains(&secret));
+    // The recipe works: a command and a worker reach the demo's database.
+    let with_env = |cmd: &mut Command| {
+        cmd.env_remove("DATABASE_URL")
+            .env_remove("BATCHONCE_CONFIG")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    };
+    let mut status = Command::new(BIN);
+    status.arg("status");
+    with_env(&mut status);
+    let out = status.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("daily-settlement"));
+    assert_eq!(worker[1..3], ["worker", "--config"], "{all}");
+    assert!(worker[3].ends_with("demo.toml"), "{all}");
+    let log = home.join("pasted-worker.log");
+    let mut pasted = Command::new(&worker[0]);
+    pasted
+        .args(&worker[1..])
+        .args(["--worker-id", "pasted", "--metrics-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    with_env(&mut pasted);
+    let mut pasted = Stopped(pasted.spawn().unwrap());
+    wait_until(
+        "the pasted worker to start",
+        Duration::from_secs(30),
+        || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("worker started")
+            }
+        },
+    )
+    .await;
+    signal(&pasted.0, Signal::SIGTERM);
+    assert!(wait_exit(&mut pasted.0, Duration::from_secs(15)).success());
+
+    // The printed login signs in once; the second time it is spent.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let sign_in = || async {
+        let form = http.get(format!("{base}/login")).send().await.unwrap();
+        let token = form
+            .headers()
+            .get_all(reqwest::header::SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(|c| {
+                c.split(';')
+                    .next()?
+                    .strip_prefix("batchonce_login=")
+                    .map(str::to_owned)
+            })
+            .unwrap();
+        http.post(format!("{base}/login"))
+            .header(reqwest::header::COOKIE, format!("batchonce_login={token}"))
+            .form(&[
+                ("csrf", token.as_str()),
+                ("user", "demo"),
+                ("password", &password),
+                ("next", "/"),
+            ])
+            .send()
+            .await
+            .unwrap()
+    };
+    let first = sign_in().await;
+    assert_eq!(first.status(), reqwest::StatusCode::SEE_OTHER);
+    assert!(first
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .any(|c| c.to_str().unwrap().starts_with("batchonce_session=")));
+    let second = sign_in().await;
+    let spent = second
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|l| l.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    assert!(
+        !second
+            .headers()
+            .get_all(reqwest::header::SET_COOKIE)
+            .iter()
+            .any(|c| c.to_str().unwrap().starts_with("batchonce_session=")),
+        "a second sign-in with the one-time password got a session"
+    );
+    assert!(spent.contains("error=spent"), "{spent}");
+
+    // Ctrl-C stops the console, and the demo with it.
+    signal(&demo.0, Signal::SIGINT);
+    assert!(wait_exit(&mut demo.0, Duration::from_secs(30)).success());
+}
+
 #[test]
 fn demo_without_postgresql_says_how_to_fix_it() {
     let home = scratch("no-pg");
