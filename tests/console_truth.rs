@@ -408,8 +408,9 @@ async fn the_calendar_shows_the_business_zone_in_weeks_and_why_a_period_is_missi
     assert!(seen.contains("2026-09-16<br>MISSING"));
     assert!(!seen.contains("enqueue/preview") && !seen.contains("type=\"checkbox\""));
 
-    // By default the calendar starts at the later of the job's first
-    // period and its catch-up horizon (three days back here).
+    // By default the calendar of a job with runs starts at the later of
+    // its first period and 41 days back (its catch-up horizon, three days
+    // here, does not narrow it: older gaps are what needs a hand).
     let body = c
         .get_as(&op.cookie, "/jobs/settle")
         .await
@@ -417,7 +418,7 @@ async fn the_calendar_shows_the_business_zone_in_weeks_and_why_a_period_is_missi
         .await
         .unwrap();
     let horizon: NaiveDate =
-        sqlx::query_scalar("SELECT ((now() - interval '3 days') AT TIME ZONE 'Asia/Seoul')::date")
+        sqlx::query_scalar("SELECT ((now() AT TIME ZONE 'Asia/Seoul')::date - 41)")
             .fetch_one(pool)
             .await
             .unwrap();

@@ -152,7 +152,11 @@ fn health_text(h: &queue::Health) -> String {
         out.push_str(&format!("producers: {} live\n", h.producers.live));
     }
     for b in &h.banners {
-        out.push_str(&format!("warning: {}\n", esc(&b.message())));
+        out.push_str(&format!(
+            "warning: {} ({})\n",
+            esc(&b.message()),
+            esc(&b.command_hint())
+        ));
     }
     out
 }

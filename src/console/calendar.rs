@@ -44,9 +44,10 @@ use crate::schedule::{self, Covers};
 /// At most this many cells on one page; a longer range is cut, saying so.
 pub const MAX_CELLS: usize = 1_500;
 
-/// How far back the default range goes: daily and sub-daily periods.
-const DAYS_BACK: u64 = 41;
-const DAYS_BACK_SUB_DAILY: u64 = 1;
+/// How far back the default range goes, daily and sub-daily periods: as
+/// far as MISSING periods are counted (`Expected::lookback`).
+const DAYS_BACK: u64 = crate::queue::LOOKBACK_DAYS as u64;
+const DAYS_BACK_SUB_DAILY: u64 = crate::queue::LOOKBACK_DAYS_SUB_DAILY as u64;
 
 /// One business period of the calendar.
 #[derive(Debug, Clone)]
@@ -237,7 +238,11 @@ fn default_from(
             .known_since
             .map(|k| schedule::business_date(k, tz))
     });
-    let horizon = e.map(|e| schedule::business_date(e.horizon(sched.window.now), tz));
+    // The catch-up horizon matters only for a job without runs, as for
+    // its MISSING count (`Window::missing_since`).
+    let horizon = e
+        .filter(|_| sched.window.first.is_none())
+        .map(|e| schedule::business_date(e.horizon(sched.window.now), tz));
     [Some(earliest), first, horizon]
         .into_iter()
         .flatten()
@@ -391,7 +396,7 @@ fn page_body(
         @if !missing.is_empty() {
             h2 { "Missing periods" }
             table {
-                tr { th { "Period (" (tz.name()) ")" } th { "Starts (UTC)" } th { "Why" } }
+                tr { th scope="col" { "Period (" (tz.name()) ")" } th scope="col" { "Starts (UTC)" } th scope="col" { "Why" } }
                 @for c in &missing {
                     tr { td { (c.period) } td { (utc(c.start)) } td { (c.note.as_deref().unwrap_or("—")) } }
                 }
@@ -400,7 +405,7 @@ fn page_body(
         @if !skipped.is_empty() {
             h2 { "Skipped periods" }
             table {
-                tr { th { "Period" } th { "Why" } }
+                tr { th scope="col" { "Period" } th scope="col" { "Why" } }
                 @for c in &skipped { tr { td { (c.period) } td { (c.note.as_deref().unwrap_or("—")) } } }
             }
         }

@@ -92,9 +92,9 @@ pub(crate) async fn overview(
         }
         table.jobs {
             tr {
-                th { "Job" } th { "Last " (RECENT_RUNS) " runs" } th { "Newest period" } th { "State" }
-                th { "MISSING" } th { "Overdue" } th { "FAILED" } th { "Stale" } th { "Pending" }
-                th { "Oldest due" } th { "Running" } th { "Workers" } th { "Calendar" }
+                th scope="col" { "Job" } th scope="col" { "Last " (RECENT_RUNS) " runs" } th scope="col" { "Newest period" } th scope="col" { "State" }
+                th scope="col" { "MISSING" } th scope="col" { "Overdue" } th scope="col" { "FAILED" } th scope="col" { "Stale" } th scope="col" { "Pending" }
+                th scope="col" { "Oldest due" } th scope="col" { "Running" } th scope="col" { "Workers" } th scope="col" { "Calendar" }
             }
             @for j in &health.jobs {
                 @let job = &j.job_name;
@@ -126,7 +126,7 @@ pub(crate) async fn overview(
         @if !with_missing.is_empty() {
             h2 { "Missing periods" }
             table {
-                tr { th { "Job" } th { "Period" } th { "Why" } }
+                tr { th scope="col" { "Job" } th scope="col" { "Period" } th scope="col" { "Why" } }
                 @for j in &with_missing {
                     @for m in &j.missing.periods {
                         tr { td { (j.job_name) } td { (m.period) } td { (m.why) } }
@@ -145,7 +145,7 @@ pub(crate) async fn overview(
         @if live.is_empty() { p.muted { "No worker or producer is live." } }
         @else {
             table {
-                tr { th { "Process" } th { "Role" } th { "Host" } th { "Version" } th { "Last seen" } }
+                tr { th scope="col" { "Process" } th scope="col" { "Role" } th scope="col" { "Host" } th scope="col" { "Version" } th scope="col" { "Last seen" } }
                 @for p in &live {
                     tr { td { (p.worker_id) } td { (p.role) } td { (p.host) } td { (p.version) } td { (at(p.last_seen)) } }
                 }

@@ -38,6 +38,8 @@ pub(crate) struct ShowQuery {
     /// Set after an action applied: the page then says what the audit log
     /// holds last for the run (never text from the address).
     done: Option<String>,
+    /// `off` stops an unfinished run's page refreshing itself.
+    refresh: Option<String>,
 }
 
 pub(crate) async fn show(
@@ -70,7 +72,8 @@ pub(crate) async fn show(
             Err(e) => return db_error(e),
         },
     };
-    render(&app, &a, &key, message, None).await
+    let refresh = html::refresh_on(q.refresh.as_deref());
+    render(&app, &a, &key, message, None, Some(refresh)).await
 }
 
 /// The run's page, with an optional message box and an optional preview
@@ -81,6 +84,9 @@ async fn render(
     key: &JobKey,
     message: Option<(&str, String)>,
     preview: Option<Markup>,
+    // Whether an unfinished run's page refreshes itself; `None` for the
+    // answer to a form, whose address a reload must not send again.
+    refresh: Option<bool>,
 ) -> Response {
     let (run, attempts) = match queue::show_run(&app.pool, key).await {
         Ok(Some(r)) => r,
@@ -119,7 +125,13 @@ async fn render(
     let said = run_message(&run, &history);
     // Only a PENDING run that will be claimed again has a next attempt.
     let next_attempt = run.status == "PENDING" && run.attempts < run.max_attempts;
+    // An unfinished run changes by itself: its page follows it.
+    let unfinished = matches!(run.status.as_str(), "PENDING" | "RUNNING");
+    let refreshing = unfinished && refresh == Some(true);
     let body = html! {
+        @if unfinished {
+            @if let Some(on) = refresh { (html::refresh_toggle(&run_href(&run.job_key), on)) }
+        }
         h1 { (run.job_key) " " (badge(&run.status)) }
         @if let Some((class, text)) = &message { (html::message(class, text)) }
         @if let Some(p) = preview { (p) }
@@ -197,7 +209,13 @@ async fn render(
             }
         }
     };
-    html::page(&run.job_key, &a.session, body).into_response()
+    html::page_with(
+        &run.job_key,
+        &a.session,
+        body,
+        refreshing.then_some(html::REFRESH_SECONDS),
+    )
+    .into_response()
 }
 
 /// A preview form for `action`, offered when the run's state allows it,
@@ -392,7 +410,7 @@ pub(crate) async fn preview(
     match queue::preview_action(&app.pool, &req, Clock::Db).await {
         // No run with this key: the run's page says so, as a 404.
         Err(queue::QueueError::Invalid(why)) => {
-            render(&app, &a, &req.key, Some(("error", why)), None).await
+            render(&app, &a, &req.key, Some(("error", why)), None, None).await
         }
         Err(e) => db_error(e),
         Ok(Err(refused)) => {
@@ -401,6 +419,7 @@ pub(crate) async fn preview(
                 &a,
                 &req.key,
                 Some(("error", refused_text(&refused))),
+                None,
                 None,
             )
             .await
@@ -425,7 +444,7 @@ pub(crate) async fn preview(
                     }
                 }
             };
-            render(&app, &a, &req.key, None, Some(confirm)).await
+            render(&app, &a, &req.key, None, Some(confirm), None).await
         }
     }
 }
@@ -475,7 +494,7 @@ pub(crate) async fn apply(
             return conflict(&app, &a, &req.key, why, None).await;
         }
         Err(ActError::Queue(queue::QueueError::Invalid(why))) => {
-            return render(&app, &a, &req.key, Some(("error", why)), None).await
+            return render(&app, &a, &req.key, Some(("error", why)), None, None).await
         }
         Err(ActError::Queue(e)) => return db_error(e),
         Err(ActError::Blocked(b)) => {
@@ -541,7 +560,7 @@ async fn conflict(
     why: String,
     offer: Option<Markup>,
 ) -> Response {
-    let mut res = render(app, a, key, Some(("error", why)), offer).await;
+    let mut res = render(app, a, key, Some(("error", why)), offer, None).await;
     *res.status_mut() = StatusCode::CONFLICT;
     res
 }

@@ -145,6 +145,19 @@ impl Expected {
 
     /// The producer's catch-up horizon at `now`: firings at or before it
     /// are no longer planned.
+    /// How far back MISSING periods are counted for a job with runs, the
+    /// calendar's default range too: 41 days of daily periods, one day of
+    /// sub-daily ones, or the catch-up window when it is longer. Older gaps
+    /// show on the calendar when an operator asks for an earlier range.
+    pub fn lookback(&self) -> chrono::Duration {
+        let days = if self.covers == crate::schedule::Covers::Firing {
+            LOOKBACK_DAYS_SUB_DAILY
+        } else {
+            LOOKBACK_DAYS
+        };
+        chrono::Duration::days(days).max(self.catch_up)
+    }
+
     pub fn horizon(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         now.checked_sub_signed(self.catch_up)
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
@@ -218,7 +231,39 @@ pub struct Window {
     pub known_since: Option<DateTime<Utc>>,
 }
 
+/// Days of daily periods [`Expected::lookback`] covers.
+pub const LOOKBACK_DAYS: i64 = 41;
+/// Days of sub-daily periods [`Expected::lookback`] covers.
+pub const LOOKBACK_DAYS_SUB_DAILY: i64 = 1;
+
 impl Window {
+    /// Since when a period due without a run is MISSING: for a job with
+    /// runs, its first period or the lookback, whichever is later; for one
+    /// without, the later of its declaration and its catch-up horizon (a
+    /// newly declared job is not behind by a year).
+    pub fn missing_since(&self, e: &Expected) -> DateTime<Utc> {
+        let horizon = e.horizon(self.now);
+        match (&self.first, self.known_since) {
+            (Some(f), _) => {
+                let start = f
+                    .start
+                    .unwrap_or_else(|| crate::schedule::start_of_day(f.date, e.timezone));
+                let back = self
+                    .now
+                    .checked_sub_signed(e.lookback())
+                    .unwrap_or(DateTime::<Utc>::MIN_UTC);
+                // A day before the first period's start, so that its own
+                // firing (for `previous-day`, the next morning) is taken.
+                start
+                    .checked_sub_signed(chrono::Duration::days(1))
+                    .unwrap_or(start)
+                    .max(back)
+            }
+            (None, Some(k)) => horizon.max(k),
+            (None, None) => horizon,
+        }
+    }
+
     /// Whether the period `p`, due at `due_at`, comes before the job
     /// existed: before its first period, or, for a job without runs, due
     /// before it was declared.

@@ -3,9 +3,11 @@
 //! PENDING and RUNNING runs, who serves the job, and the banners.
 //!
 //! - MISSING: a period the stored schedule ([`Expected`]) made due that has
-//!   no run, live or archived, of any scope. Only periods due after the
-//!   later of the job's first period (its earliest run; a job without runs:
-//!   since it was declared) and its catch-up horizon count, up to now on
+//!   no run, live or archived, of any scope. Only periods due since
+//!   `Window::missing_since` count (the job's first period, its earliest
+//!   run, or the lookback of 41 days (one for sub-daily jobs), whichever is
+//!   later; a job without runs: since it was declared or its catch-up
+//!   horizon, whichever is later), up to now on
 //!   the database clock, and not those the business calendar skips. At
 //!   most [`MAX_CHECKED_PERIODS`], the newest, are checked per job; beyond
 //!   that the count says "at least". Each is probed by key (the primary
@@ -173,6 +175,18 @@ pub enum Banner {
 impl Banner {
     /// One line saying what is wrong and what to do (unescaped: each view
     /// escapes it for where it shows it).
+    /// The command that fixes it, for the command line (the console speaks
+    /// in its own words and shows no flags).
+    pub fn command_hint(&self) -> String {
+        match self {
+            Self::NoWorker { job_name, .. } => format!("batchonce worker --jobs {job_name}"),
+            Self::NoProducer { .. } => {
+                "batchonce produce, or a timer running batchonce produce --once".to_owned()
+            }
+        }
+    }
+
+    /// What is wrong and what to do, in words (no command line).
     pub fn message(&self) -> String {
         match self {
             Self::NoWorker {
@@ -182,7 +196,7 @@ impl Banner {
                 oldest_due_seconds,
             } => format!(
                 "No live worker serves {job_name}: {waiting} PENDING run{} wait{}, {due} due now{}. \
-                 Start a worker whose configuration declares it (`batchonce worker --jobs {job_name}`).",
+                 Start a worker whose configuration declares it.",
                 plural(*waiting),
                 if *waiting == 1 { "s" } else { "" },
                 if *due > 0 {
@@ -197,7 +211,7 @@ impl Banner {
                 ..
             } => format!(
                 "No producer has ticked within three of its intervals ({}): the scheduled periods of {} are not being enqueued. \
-                 Start `batchonce produce`, or check the timer that runs `produce --once`.",
+                 Start the producer, or check the timer that runs it.",
                 match last_seen_age_seconds {
                     Some(s) => format!("one was last seen {} ago", short_age(*s)),
                     None => "none has ever registered".to_owned(),
@@ -511,11 +525,7 @@ pub fn why_missing(
 /// The periods of a job that are MISSING now, newest [`MAX_CHECKED_PERIODS`]
 /// at most, and whether more were due than that.
 fn due_in_window(e: &Expected, w: &Window) -> (Vec<DuePeriod>, bool, DateTime<Utc>) {
-    let horizon = e.horizon(w.now);
-    let mut after = match (&w.first, w.known_since) {
-        (None, Some(k)) => horizon.max(k),
-        _ => horizon,
-    };
+    let mut after = w.missing_since(e);
     let start = after;
     // A window that holds more firings than a tick may walk (only stored
     // settings no configuration check would pass) is narrowed to its
@@ -734,8 +744,9 @@ mod tests {
         assert_eq!(
             b.message(),
             "No live worker serves settle: 3 PENDING runs wait, 2 due now, the oldest for 7m 5s. \
-             Start a worker whose configuration declares it (`batchonce worker --jobs settle`)."
+             Start a worker whose configuration declares it."
         );
+        assert_eq!(b.command_hint(), "batchonce worker --jobs settle");
         let p = Banner::NoProducer {
             scheduled_jobs: vec!["settle".into(), "sync".into()],
             last_seen: None,

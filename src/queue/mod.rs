@@ -88,7 +88,10 @@ pub use enqueue::{
     count_scopes, delete_preflight_run, enqueue, may_choose_clock, EnqueueReport, NewRun,
     PREFLIGHT_JOB,
 };
-pub use expected::{DuePeriod, Expected, FirstPeriod, SettingsSource, Window};
+pub use expected::{
+    DuePeriod, Expected, FirstPeriod, SettingsSource, Window, LOOKBACK_DAYS,
+    LOOKBACK_DAYS_SUB_DAILY,
+};
 pub use finish::{
     backoff_delay, finish, finish_many, finish_many_detailed, finish_many_within, fold_tally,
     record_output, recover_expired, AttemptCounts, Finish, Finished, Recovered, MAX_FINISH_BATCH,

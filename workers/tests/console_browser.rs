@@ -1,11 +1,15 @@
 //! The operator console in a real browser: Debian's `chromium`, driven
 //! through `chromedriver` (WebDriver), signs in to `batchonce console`, reads
 //! a job's calendar (SUCCEEDED, FAILED, SKIPPED and MISSING periods), opens
-//! the FAILED run and re-runs it with a reason through the preview and the
-//! confirmation, and watches a worker bring it to SUCCEEDED. Every process
-//! is the built binary against real PostgreSQL, and the audit row must name
-//! the signed-in operator and the browser's address. Screenshots of the
-//! calendar and of the run page are left in the test's folder.
+//! a FAILED run and re-runs it with a reason through the preview and the
+//! confirmation, re-runs the other FAILED run in bulk from the run list,
+//! reads the overview's MISSING count and no-worker banner, pauses and
+//! resumes the job, enqueues the MISSING period from the calendar, and
+//! watches a worker bring every run to SUCCEEDED while the run's page
+//! refreshes itself. Every process is the built binary against real
+//! PostgreSQL, and each audit row must name the signed-in operator.
+//! Screenshots of the calendar, the overview and the run page are left in
+//! the test's folder (docs/images holds copies).
 //!
 //! Without `/usr/bin/chromium` and `/usr/bin/chromedriver` the test skips,
 //! except under CI, where it fails (`.ci/run` installs them).
@@ -272,6 +276,32 @@ async fn expect(c: &Client, css: &str, what: &str) -> fantoccini::elements::Elem
     }
 }
 
+/// The job's MISSING count on the overview.
+async fn missing_on_overview(c: &Client) -> u32 {
+    let text = c
+        .find(Locator::Css(&format!("tr#job-{JOB} td.missing")))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("MISSING on the overview: {text:?}"))
+}
+
+/// The audit rows of `key` as (action, operator, reason), oldest first.
+async fn audit_rows(db: &TestDb, key: &str) -> Vec<(String, String, String)> {
+    sqlx::query_as(
+        "SELECT action, operator, reason FROM batch_operator_action \
+         WHERE job_key = $1 ORDER BY id",
+    )
+    .bind(key)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
 /// The state badge in the run page's heading.
 async fn run_state(c: &Client) -> String {
     c.find(Locator::Css("h1 .badge"))
@@ -292,7 +322,7 @@ async fn an_operator_reruns_a_failed_date_from_the_calendar_in_a_real_browser() 
     let flag = dir.join("input-delivered");
 
     // Six consecutive business dates ending four days ago, so that every
-    // period is due on any clock: D1 and D5 succeed, D2 fails until the flag
+    // period is due on any clock: D1 succeeds, D2 and D5 fail until the flag
     // file exists, D3 and D6 are skipped by the business calendar (D3 is
     // enqueued and so has a SKIPPED row, D6 is not), and D4 is due by the
     // schedule but never enqueued: MISSING.
@@ -309,14 +339,15 @@ async fn an_operator_reruns_a_failed_date_from_the_calendar_in_a_real_browser() 
         format!(
             r#"
 [jobs.{JOB}]
-command = ["sh", "-c", "if [ \"$BATCHONCE_BUSINESS_DATE\" = \"$FAIL_DATE\" ] && [ ! -e \"$FLAG\" ]; then echo \"input for $BATCHONCE_BUSINESS_DATE not delivered\" >&2; exit 2; fi; echo report for $BATCHONCE_BUSINESS_DATE written"]
-env = {{ FAIL_DATE = "{fail}", FLAG = "{flag}" }}
+command = ["sh", "-c", "case \"$BATCHONCE_BUSINESS_DATE\" in \"$FAIL1\"|\"$FAIL2\") if [ ! -e \"$FLAG\" ]; then echo \"input for $BATCHONCE_BUSINESS_DATE not delivered\" >&2; exit 2; fi;; esac; echo report for $BATCHONCE_BUSINESS_DATE written"]
+env = {{ FAIL1 = "{fail1}", FAIL2 = "{fail2}", FLAG = "{flag}" }}
 schedule = "0 1 * * *"
 timezone = "UTC"
 skip_dates = ["{s1}", "{s2}"]
 max_attempts = 3
 "#,
-            fail = d[1],
+            fail1 = d[1],
+            fail2 = d[4],
             flag = flag.display(),
             s1 = d[2],
             s2 = d[5],
@@ -353,7 +384,7 @@ max_attempts = 3
     // The worker runs them and records the job's schedule, from which the
     // console derives the expected periods.
     let mut worker = spawn_worker(&db, &dir, &cfg, "w1");
-    for (date, want) in [(d[0], "SUCCEEDED"), (d[1], "FAILED"), (d[4], "SUCCEEDED")] {
+    for (date, want) in [(d[0], "SUCCEEDED"), (d[1], "FAILED"), (d[4], "FAILED")] {
         wait_for_status(&db.pool, Some(&key(date)), &[want], DEADLINE).await;
     }
     wait_for_count(
@@ -490,7 +521,7 @@ max_attempts = 3
         ("a", "FAILED", d[1]),
         ("a", "SKIPPED", d[2]),
         ("span", "MISSING", d[3]),
-        ("a", "SUCCEEDED", d[4]),
+        ("a", "FAILED", d[4]),
         ("span", "SKIPPED", d[5]),
     ]
     .into_iter()
@@ -581,13 +612,178 @@ max_attempts = 3
         "the page says applied, but the run was not re-run"
     );
 
-    // The input arrives; a worker runs the period again and it succeeds.
+    // The other FAILED date, re-run in bulk from the run list's filter: the
+    // preview names every key, one reason, one audit row per run.
+    let bulk_reason = "the input was redelivered for every failed date";
+    c.goto(&format!("{base}/runs?job={JOB}&status=FAILED"))
+        .await
+        .unwrap();
+    let offer = expect(&c, "p.bulk a", "the bulk re-run offer").await;
+    assert!(
+        offer
+            .text()
+            .await
+            .unwrap()
+            .starts_with("Re-run all 1 shown"),
+        "{:?}",
+        offer.text().await
+    );
+    offer.click().await.unwrap();
+    let form = expect(&c, "form[action='/runs/bulk/apply']", "the bulk preview").await;
+    let listed = c.find(Locator::Css("main table")).await.unwrap();
+    assert!(listed.text().await.unwrap().contains(&key(d[4])));
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys(bulk_reason)
+        .await
+        .unwrap();
+    form.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let report = expect(&c, "main table", "the bulk result").await;
+    assert!(report.text().await.unwrap().contains(&key(d[4])));
+    assert_eq!(
+        audit_rows(&db, &key(d[4])).await,
+        [(
+            "rerun".to_owned(),
+            OPERATOR.to_owned(),
+            bulk_reason.to_owned()
+        )]
+    );
+
+    // The overview: one period MISSING, and runs waiting with no live
+    // worker to take them, said in a banner.
+    c.goto(&format!("{base}/")).await.unwrap();
+    expect(&c, "div.banner", "the banners").await;
+    let mut banners = Vec::new();
+    for b in c.find_all(Locator::Css("div.banner")).await.unwrap() {
+        banners.push(b.text().await.unwrap());
+    }
+    assert!(
+        banners
+            .iter()
+            .any(|b| b.contains(JOB) && b.contains("worker")),
+        "no no-worker banner for {JOB}: {banners:?}"
+    );
+    // D4, and the dates after D6 up to today that nobody enqueued.
+    let missing_before = missing_on_overview(&c).await;
+    assert!(
+        missing_before >= 1,
+        "MISSING on the overview: {missing_before}"
+    );
+    save_png(&dir.join("overview.png"), &c.screenshot().await.unwrap());
+
+    // Pause and resume from the job's page, each audited.
+    for (verb, paused) in [("pause", true), ("resume", false)] {
+        c.goto(&format!("{base}/jobs/{JOB}")).await.unwrap();
+        let form = expect(
+            &c,
+            &format!("form[action='/jobs/{JOB}/{verb}']"),
+            "the pause/resume form",
+        )
+        .await;
+        form.find(Locator::Css("input[name=reason]"))
+            .await
+            .unwrap()
+            .send_keys(&format!("{verb}: the bank's file is late"))
+            .await
+            .unwrap();
+        form.find(Locator::Css("button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        expect(&c, "table.weeks", "the job's page after the action").await;
+        let page = c.source().await.unwrap();
+        assert_eq!(
+            page.contains("<strong>Paused</strong> since"),
+            paused,
+            "after {verb}"
+        );
+    }
+    assert_eq!(
+        audit_rows(&db, &format!("{JOB}:*")).await,
+        [
+            (
+                "pause".to_owned(),
+                OPERATOR.to_owned(),
+                "pause: the bank's file is late".to_owned()
+            ),
+            (
+                "resume".to_owned(),
+                OPERATOR.to_owned(),
+                "resume: the bank's file is late".to_owned()
+            ),
+        ]
+    );
+
+    // The MISSING period, ticked on the calendar, previewed and enqueued.
+    let enqueue_reason = "the producer was down that night";
+    c.find(Locator::Css(&format!(
+        "input[name=period][value='{}']",
+        d[3]
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    c.find(Locator::Css(
+        "form[action$='/enqueue/preview'] button[type=submit]",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    let form = expect(&c, "form[action$='/enqueue/apply']", "the enqueue preview").await;
+    assert!(c.source().await.unwrap().contains(&key(d[3])));
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys(enqueue_reason)
+        .await
+        .unwrap();
+    form.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_status(&db.pool, Some(&key(d[3])), &["PENDING"], DEADLINE).await;
+    c.goto(&format!("{base}/")).await.unwrap();
+    expect(&c, "table.jobs", "the overview").await;
+    assert_eq!(
+        missing_on_overview(&c).await,
+        missing_before - 1,
+        "the enqueued period is still counted MISSING"
+    );
+    assert_eq!(
+        audit_rows(&db, &key(d[3])).await,
+        [(
+            "enqueue".to_owned(),
+            OPERATOR.to_owned(),
+            enqueue_reason.to_owned()
+        )]
+    );
+
+    // The input arrives; a worker runs the periods and they succeed. The
+    // run's page follows by itself (its meta refresh): nothing reloads it.
     std::fs::write(&flag, "delivered\n").unwrap();
     let _worker = spawn_worker(&db, &dir, &cfg, "w2");
+    c.goto(&format!("{base}/runs/{}", key(d[1]))).await.unwrap();
     let deadline = Instant::now() + DEADLINE;
     loop {
-        c.refresh().await.unwrap();
-        let state = run_state(&c).await;
+        let state = match c.find(Locator::Css("h1 .badge")).await {
+            Ok(e) => e.text().await.unwrap_or_default(),
+            // Between two loads of the page.
+            Err(_) => String::new(),
+        };
         if state == "SUCCEEDED" {
             break;
         }
@@ -596,6 +792,9 @@ max_attempts = 3
             "the run page still shows {state} after {DEADLINE:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for date in [d[3], d[4]] {
+        wait_for_status(&db.pool, Some(&key(date)), &["SUCCEEDED"], DEADLINE).await;
     }
     assert!(c.source().await.unwrap().contains(reason));
     save_png(&dir.join("run.png"), &c.screenshot().await.unwrap());
