@@ -264,66 +264,61 @@ enum RunResult {
     NotTried(String),
 }
 
-pub(crate) async fn apply(
-    State(app): State<Arc<App>>,
-    Extension(a): Extension<Authed>,
-    body: String,
-) -> Response {
-    let f = read_form(&body);
-    if let Some(res) = refuse_act(&a, f.csrf.as_deref()) {
-        return res;
-    }
-    let Some((action, from)) = action_of(&f.action) else {
-        return refusal(
-            &a,
-            StatusCode::BAD_REQUEST,
-            "Unknown bulk action: re-run or skip.",
-        );
-    };
-    let Some(expected) = RunStatus::parse(&f.expected).filter(|s| from.contains(s)) else {
-        return refusal(
-            &a,
-            StatusCode::BAD_REQUEST,
-            "The previewed state is missing or wrong; preview again.",
-        );
-    };
-    let Ok(job) = JobName::parse(&f.job) else {
-        return refusal(
-            &a,
-            StatusCode::BAD_REQUEST,
-            "The job is missing or wrong; preview again.",
-        );
-    };
-    let reason = match crate::text::reason(&f.reason) {
-        Ok(r) => r,
-        Err(e) => return refusal(&a, StatusCode::BAD_REQUEST, &format!("Reason: {e}.")),
-    };
+/// A bulk apply's form, checked: every field as the preview gave it.
+struct Checked {
+    action: Action,
+    expected: RunStatus,
+    job: JobName,
+    reason: String,
+    keys: Vec<JobKey>,
+}
+
+/// The form's fields, or why it is refused (a 400 page).
+fn check(f: &ApplyForm) -> Result<Checked, String> {
+    let (action, from) =
+        action_of(&f.action).ok_or_else(|| "Unknown bulk action: re-run or skip.".to_owned())?;
+    let expected = RunStatus::parse(&f.expected)
+        .filter(|s| from.contains(s))
+        .ok_or_else(|| "The previewed state is missing or wrong; preview again.".to_owned())?;
+    let job = JobName::parse(&f.job)
+        .map_err(|_| "The job is missing or wrong; preview again.".to_owned())?;
+    let reason = crate::text::reason(&f.reason).map_err(|e| format!("Reason: {e}."))?;
     if f.keys.is_empty() || f.keys.len() > MAX_BULK {
-        return refusal(
-            &a,
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "Give 1 to {MAX_BULK} runs, as the preview lists them, not {}.",
-                f.keys.len()
-            ),
-        );
+        return Err(format!(
+            "Give 1 to {MAX_BULK} runs, as the preview lists them, not {}.",
+            f.keys.len()
+        ));
     }
-    let mut keys = Vec::with_capacity(f.keys.len());
-    for k in &f.keys {
-        match JobKey::parse(k) {
-            Ok(key) if key.job_name() == job.as_str() => keys.push(key),
-            _ => {
-                return refusal(
-                    &a,
-                    StatusCode::BAD_REQUEST,
-                    &format!(
-                        "{} is not a key of job {job}; preview again.",
-                        crate::text::truncate(k)
-                    ),
-                )
-            }
-        }
-    }
+    let keys = f
+        .keys
+        .iter()
+        .map(|k| match JobKey::parse(k) {
+            Ok(key) if key.job_name() == job.as_str() => Ok(key),
+            _ => Err(format!(
+                "{} is not a key of job {job}; preview again.",
+                crate::text::truncate(k)
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Checked {
+        action,
+        expected,
+        job,
+        reason,
+        keys,
+    })
+}
+
+/// Applies `action` to each run, only if it is still `expected`; stops
+/// trying once the database fails.
+async fn act_each(
+    app: &App,
+    a: &Authed,
+    action: Action,
+    expected: RunStatus,
+    reason: &str,
+    keys: Vec<JobKey>,
+) -> Vec<(JobKey, RunResult)> {
     let origin = Origin {
         remote_addr: a.remote.clone(),
         expected_before: Some(expected.as_str().to_owned()),
@@ -345,7 +340,7 @@ pub(crate) async fn apply(
             action,
             key: key.clone(),
             operator: a.session.user.name.clone(),
-            reason: reason.clone(),
+            reason: reason.to_owned(),
             force: false,
             stale_after: defaults.stale_after,
             max_attempts: defaults.max_attempts,
@@ -380,6 +375,29 @@ pub(crate) async fn apply(
         };
         results.push((key, r));
     }
+    results
+}
+
+pub(crate) async fn apply(
+    State(app): State<Arc<App>>,
+    Extension(a): Extension<Authed>,
+    body: String,
+) -> Response {
+    let f = read_form(&body);
+    if let Some(res) = refuse_act(&a, f.csrf.as_deref()) {
+        return res;
+    }
+    let Checked {
+        action,
+        expected,
+        job,
+        reason,
+        keys,
+    } = match check(&f) {
+        Ok(c) => c,
+        Err(why) => return refusal(&a, StatusCode::BAD_REQUEST, &why),
+    };
+    let results = act_each(&app, &a, action, expected, &reason, keys).await;
     let applied = results
         .iter()
         .filter(|(_, r)| matches!(r, RunResult::Applied { .. }))
