@@ -45,7 +45,7 @@ table.weeks { table-layout: fixed; }
 table.weeks th { text-align: center; }
 table.weeks td { padding: 2px; height: 64px; }
 table.weeks td.out { background: #f6f8fa; }
-table.weeks td.none { color: #6e7781; font-size: 12px; }
+table.weeks td.none { color: #57606a; font-size: 12px; }
 label.pick { display: block; font-size: 12px; color: #1f2328; }
 .banner { font-weight: 600; }
 .refresh { float: right; font-size: 12px; }
@@ -301,7 +301,14 @@ mod tests {
         let boxes = [
             "body", "table", "th", "pre", ".note", ".error", ".done", ".login", "form.act",
         ];
-        let states = [".SUCCEEDED", ".FAILED", ".RUNNING", ".PENDING", ".SKIPPED"];
+        let states = [
+            ".SUCCEEDED",
+            ".FAILED",
+            ".RUNNING",
+            ".PENDING",
+            ".SKIPPED",
+            ".PAUSED",
+        ];
         let mut pairs: Vec<(&str, &str)> = Vec::new();
         for bg in boxes {
             pairs.push(("body", bg));
@@ -313,9 +320,15 @@ mod tests {
         pairs.extend([("header", "header"), ("header a", "header")]);
         for bg in states {
             pairs.push((".badge", bg));
-            pairs.push((".cal a", bg));
+            pairs.push((".cell", bg));
         }
-        pairs.extend([(".MISSING", ".MISSING"), (".cal .MISSING", ".MISSING")]);
+        pairs.extend([
+            (".MISSING", ".MISSING"),
+            (".cell.MISSING", ".MISSING"),
+            (".ARCHIVED", ".ARCHIVED"),
+            ("table.weeks td.none", "table"),
+            ("label.pick", "table"),
+        ]);
         let mut checked = std::collections::BTreeSet::new();
         for (fg_sel, bg_rule) in &pairs {
             let fg = colour(fg_sel, "color");
