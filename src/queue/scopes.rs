@@ -19,7 +19,7 @@ use crate::key::JobName;
 pub const NAMED: usize = 10;
 
 /// How many periods one view lists at most, whatever the number of jobs.
-pub const MAX_PERIODS: i64 = 50;
+pub const MAX_PERIODS: i64 = 20;
 
 /// One period of a scoped job: its scopes' runs per state.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
