@@ -276,6 +276,22 @@ async fn expect(c: &Client, css: &str, what: &str) -> fantoccini::elements::Elem
     }
 }
 
+/// Types `reason` into a form's reason field and sends the form.
+async fn submit_with_reason(form: &fantoccini::elements::Element, reason: &str) {
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys(reason)
+        .await
+        .unwrap();
+    form.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 /// The job's MISSING count on the overview.
 async fn missing_on_overview(c: &Client) -> u32 {
     let text = c
@@ -632,18 +648,7 @@ max_attempts = 3
     let form = expect(&c, "form[action='/runs/bulk/apply']", "the bulk preview").await;
     let listed = c.find(Locator::Css("main table")).await.unwrap();
     assert!(listed.text().await.unwrap().contains(&key(d[4])));
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys(bulk_reason)
-        .await
-        .unwrap();
-    form.find(Locator::Css("button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_with_reason(&form, bulk_reason).await;
     let report = expect(&c, "main table", "the bulk result").await;
     assert!(report.text().await.unwrap().contains(&key(d[4])));
     assert_eq!(
@@ -686,18 +691,7 @@ max_attempts = 3
             "the pause/resume form",
         )
         .await;
-        form.find(Locator::Css("input[name=reason]"))
-            .await
-            .unwrap()
-            .send_keys(&format!("{verb}: the bank's file is late"))
-            .await
-            .unwrap();
-        form.find(Locator::Css("button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        submit_with_reason(&form, &format!("{verb}: the bank's file is late")).await;
         expect(&c, "table.weeks", "the job's page after the action").await;
         let page = c.source().await.unwrap();
         assert_eq!(
@@ -743,18 +737,7 @@ max_attempts = 3
     .unwrap();
     let form = expect(&c, "form[action$='/enqueue/apply']", "the enqueue preview").await;
     assert!(c.source().await.unwrap().contains(&key(d[3])));
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys(enqueue_reason)
-        .await
-        .unwrap();
-    form.find(Locator::Css("button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    submit_with_reason(&form, enqueue_reason).await;
     wait_for_status(&db.pool, Some(&key(d[3])), &["PENDING"], DEADLINE).await;
     c.goto(&format!("{base}/")).await.unwrap();
     expect(&c, "table.jobs", "the overview").await;
