@@ -329,18 +329,30 @@ fn lines_table(lines: &[Line], outcome: impl Fn(&Line) -> Markup) -> Markup {
     }
 }
 
+/// The form of an operator's request with its token checked, and the job
+/// it names if the database knows it; otherwise the page refusing it.
+async fn form_and_job(
+    app: &App,
+    a: &Authed,
+    job: &str,
+    body: &str,
+) -> Result<(EnqueueForm, JobName), Box<Response>> {
+    let form = read_form(body);
+    if let Some(res) = refuse_act(a, form.csrf.as_deref()) {
+        return Err(Box::new(res));
+    }
+    let job = known_job(app, a, job).await?;
+    Ok((form, job))
+}
+
 pub(crate) async fn preview(
     State(app): State<Arc<App>>,
     Extension(a): Extension<Authed>,
     Path(job): Path<String>,
     body: String,
 ) -> Response {
-    let form = read_form(&body);
-    if let Some(res) = refuse_act(&a, form.csrf.as_deref()) {
-        return res;
-    }
-    let job = match known_job(&app, &a, &job).await {
-        Ok(j) => j,
+    let (form, job) = match form_and_job(&app, &a, &job, &body).await {
+        Ok(f) => f,
         Err(res) => return *res,
     };
     let lines = match check(&app, &a, &job, &form.periods).await {
@@ -383,12 +395,8 @@ pub(crate) async fn apply(
     Path(job): Path<String>,
     body: String,
 ) -> Response {
-    let form = read_form(&body);
-    if let Some(res) = refuse_act(&a, form.csrf.as_deref()) {
-        return res;
-    }
-    let job = match known_job(&app, &a, &job).await {
-        Ok(j) => j,
+    let (form, job) = match form_and_job(&app, &a, &job, &body).await {
+        Ok(f) => f,
         Err(res) => return *res,
     };
     let reason = match crate::text::reason(form.reason.as_deref().unwrap_or("")) {

@@ -169,6 +169,28 @@ async fn begin(
     Ok(tx)
 }
 
+/// Calls the operator function `select` (`SELECT … FROM f($1..$4)`) with
+/// the request's job, reason, operator and clock, in a transaction that
+/// records `remote_addr`, and returns its one row.
+async fn call(
+    pool: &PgPool,
+    select: &'static str,
+    req: &PauseRequest,
+    clock: Clock,
+    remote_addr: Option<&str>,
+) -> Result<sqlx::postgres::PgRow, sqlx::Error> {
+    let mut tx = begin(pool, remote_addr).await?;
+    let row = crate::db::query(select)
+        .bind(req.job.as_str())
+        .bind(req.reason.as_str())
+        .bind(req.operator.as_str())
+        .bind(clock.bind())
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(row)
+}
+
 /// Pauses `req.job`: its PENDING runs (and every run enqueued or re-queued
 /// while it stays paused) are no longer claimed; RUNNING runs finish.
 /// Audited, with `remote_addr` for the console.
@@ -178,19 +200,10 @@ pub async fn pause(
     clock: Clock,
     remote_addr: Option<&str>,
 ) -> Result<PauseOutcome, PauseError> {
-    let run = async {
-        let mut tx = begin(pool, remote_addr).await?;
-        let row = crate::db::query(
-            "SELECT paused_at, runs_held, audit_id \
-             FROM batchonce_operator_pause($1, $2, $3, $4)",
-        )
-        .bind(req.job.as_str())
-        .bind(req.reason.as_str())
-        .bind(req.operator.as_str())
-        .bind(clock.bind())
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
+    let sql = "SELECT paused_at, runs_held, audit_id \
+               FROM batchonce_operator_pause($1, $2, $3, $4)";
+    let out = async {
+        let row = call(pool, sql, req, clock, remote_addr).await?;
         Ok::<_, sqlx::Error>(PauseOutcome {
             job: req.job.to_string(),
             paused_at: row.try_get("paused_at")?,
@@ -198,7 +211,7 @@ pub async fn pause(
             audit_id: row.try_get("audit_id")?,
         })
     };
-    run.await
+    out.await
         .map_err(|e| PauseError::from_sql(e, "pause", &req.job))
 }
 
@@ -210,19 +223,10 @@ pub async fn resume(
     clock: Clock,
     remote_addr: Option<&str>,
 ) -> Result<ResumeOutcome, PauseError> {
-    let run = async {
-        let mut tx = begin(pool, remote_addr).await?;
-        let row = crate::db::query(
-            "SELECT paused_at, paused_seconds, runs_released, audit_id \
-             FROM batchonce_operator_resume($1, $2, $3, $4)",
-        )
-        .bind(req.job.as_str())
-        .bind(req.reason.as_str())
-        .bind(req.operator.as_str())
-        .bind(clock.bind())
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
+    let sql = "SELECT paused_at, paused_seconds, runs_released, audit_id \
+               FROM batchonce_operator_resume($1, $2, $3, $4)";
+    let out = async {
+        let row = call(pool, sql, req, clock, remote_addr).await?;
         Ok::<_, sqlx::Error>(ResumeOutcome {
             job: req.job.to_string(),
             paused_at: row.try_get("paused_at")?,
@@ -231,6 +235,6 @@ pub async fn resume(
             audit_id: row.try_get("audit_id")?,
         })
     };
-    run.await
+    out.await
         .map_err(|e| PauseError::from_sql(e, "resume", &req.job))
 }
