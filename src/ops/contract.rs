@@ -42,7 +42,7 @@ pub enum ContractError {
     Database(#[from] sqlx::Error),
 }
 
-/// The refusal's one line: each process, then what to do.
+/// The refusal's one line: what to do, then each process.
 fn refusal(running: &[Running]) -> String {
     const LISTED: usize = 5;
     let mut names: Vec<String> = running
@@ -142,7 +142,7 @@ pub async fn run(pool: &PgPool) -> Result<Contracted, ContractError> {
     sqlx::query("LOCK TABLE batch_worker IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *tx)
         .await?;
-    let earlier: Vec<Running> = worker_registry::running(&mut *tx)
+    let earlier: Vec<Running> = worker_registry::running(&mut tx)
         .await?
         .into_iter()
         .filter(|p| !at_least_this_release(&p.version))
