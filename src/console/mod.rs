@@ -47,6 +47,7 @@ mod login;
 mod overview;
 mod pages;
 mod run_page;
+mod run_query;
 mod scopes_page;
 
 use std::net::SocketAddr;
