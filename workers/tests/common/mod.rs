@@ -16,6 +16,8 @@ use chrono::NaiveDate;
 use sqlx::PgPool;
 
 #[allow(dead_code)]
+pub mod deploy;
+#[allow(dead_code)]
 pub mod logins;
 #[allow(dead_code)]
 pub mod oracle;
