@@ -74,34 +74,66 @@ pub fn free_port() -> u16 {
 }
 
 /// `GET path` on a loopback port: the status code and the body, or `None`
-/// while nothing answers. It asks in HTTP/1.0, so that no server sends the
-/// body in chunks, and the body ends at its `Content-Length` (a server such
-/// as chromedriver keeps the connection open) or when the server closes.
+/// while nothing answers. The body ends at its `Content-Length` or its last
+/// chunk (a server such as chromedriver keeps the connection open, and
+/// refuses HTTP/1.0) or when the server closes.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
         let n = s.read(&mut buf).ok()?;
         got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse::<usize>().ok())
-                    .flatten()
-            });
-            if n == 0 || length.is_some_and(|len| body.len() >= len) {
-                let status = head.split(' ').nth(1)?.parse().ok()?;
-                return Some((status, body.to_owned()));
-            }
+        if let Some((status, body)) = response(&got, n == 0) {
+            return Some((status, String::from_utf8_lossy(&body).into_owned()));
         }
         if n == 0 {
             return None;
         }
+    }
+}
+
+/// The status and body of the HTTP/1.1 response read so far, once it is
+/// whole: `closed` says the server has closed the connection.
+fn response(got: &[u8], closed: bool) -> Option<(u16, Vec<u8>)> {
+    let end = got.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&got[..end]);
+    let body = &got[end + 4..];
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    };
+    if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        // Each chunk is its size in hex, CRLF, the bytes, CRLF; size 0 ends.
+        let mut out = Vec::new();
+        let mut rest = body;
+        loop {
+            let line = rest.windows(2).position(|w| w == b"\r\n")?;
+            let size = String::from_utf8_lossy(&rest[..line]);
+            let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+            if size == 0 {
+                return Some((status, out));
+            }
+            let data = rest.get(line + 2..line + 2 + size)?;
+            out.extend_from_slice(data);
+            rest = rest.get(line + 2 + size + 2..)?;
+        }
+    }
+    match header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        Some(len) if body.len() >= len => Some((status, body[..len].to_vec())),
+        _ if closed => Some((status, body.to_vec())),
+        _ => None,
     }
 }
 
