@@ -485,11 +485,7 @@ fn the_configmap_holds_a_configuration_the_binary_loads() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::ok(&out);
     // And the same file with a made-up key in one of its tables does fail,
     // naming the key, so the check above can. The key goes inside the
     // existing table: a second `[jobs.daily-settlement]` header would fail
