@@ -25,7 +25,6 @@
 //! that business dates and [`local_instant`] are monotone, that an existing
 //! local time maps to itself, and the daily schedule's invariant above;
 //! `proptest-regressions/schedule.txt` keeps the cases they once shrank
-
 //! (see `proptest-regressions/` in `docs/development.md`).
 
 use std::str::FromStr;
@@ -350,7 +349,6 @@ pub fn business_date(instant: DateTime<Utc>, tz: Tz) -> NaiveDate {
 /// `previous-day` would have settled Apia's 2011-12-30 twice and 2011-12-29
 /// never; the property tests found this, and
 /// `a_swallowed_local_date_neither_loses_nor_doubles_a_period` keeps it.
-
 pub fn period_of(firing: &Firing, tz: Tz, covers: Covers) -> Period {
     let day = firing.scheduled.date();
     let local = firing.at.with_timezone(&tz);

@@ -633,7 +633,6 @@ fn spawn_metrics(
 /// signal's number, without releasing anything: whoever signals twice wants
 /// the process gone, and the leases expire and are recovered as after a
 /// crash.
-
 fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;

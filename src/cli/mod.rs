@@ -690,7 +690,6 @@ fn require_url(cli: &Cli) -> anyhow::Result<&str> {
 /// The rule is `text::operator`'s, shared with any other entry point; the
 /// error is prefixed with the flag (`invalid --operator: …`), as is
 /// [`validate_reason`]'s with `text::reason`.
-
 fn validate_operator(s: &str) -> anyhow::Result<String> {
     crate::text::operator(s).map_err(|e| anyhow!("invalid --operator: {e}"))
 }

@@ -30,7 +30,6 @@ use crate::text::{escape_for_terminal as esc, json_for_terminal};
 /// database error of `status` or `runs …` becomes the `not migrated` line
 /// when a migration is pending (`unless_unmigrated`).
 pub(super) async fn runs_command(
-
     pool: &sqlx::PgPool,
     registry: &Registry,
     config: &Config,

@@ -42,7 +42,6 @@ enum Mode {
 /// is the current attempt's items over about the last
 /// [`RATE_WINDOW_SECONDS`] of database time, from the attempt's start until
 /// a look that old exists.
-
 pub(super) async fn watch(
     pool: &sqlx::PgPool,
     key: &JobKey,

@@ -55,7 +55,6 @@ impl CommandSpec {
     /// `kill_grace` 10 s (at most `timeout`), exit code 3 for a skip and
     /// `[2, 126, 127]` fatal.
     pub fn new(argv: Vec<String>) -> Self {
-
         Self {
             argv,
             timeout: Duration::from_secs(3600),

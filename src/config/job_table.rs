@@ -62,7 +62,6 @@ pub(super) const JOB_KEYS: &[&str] = &[
 /// names. The command-only keys are applied after the loop by
 /// `apply_command_keys`, once `command` is known.
 pub(super) fn apply_job_table(
-
     cfg: &mut JobConfig,
     fields: &toml::Table,
     path: &str,

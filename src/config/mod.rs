@@ -43,7 +43,6 @@ pub const MAX_CATCH_UP: Duration = Duration::from_secs(400 * 86_400);
 
 /// What happens to a run whose lease expired (`on_lease_expiry`, see
 /// `docs/operations.md` and the transitions of `docs/state_machine.md`).
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseExpiryPolicy {
     /// Back to PENDING with a new token; counts as an attempt.
@@ -422,7 +421,6 @@ impl Config {
 /// Parses a human duration such as `30s`, `5m`, `1h30m` (humantime); zero
 /// is rejected. Only `chunk_pause` and `catch_up` accept a literal `"0"` or
 /// `"0s"`, which `job_table.rs` reads before calling this.
-
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim())
         .map_err(|_| format!("invalid duration {s:?} (use e.g. \"30s\", \"5m\", \"1h\")"))?;

@@ -36,7 +36,6 @@ use crate::text::truncate;
 
 /// An operator action (`docs/state_machine.md`, "Operator transitions";
 /// how to use them: `docs/operations.md`).
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// RUNNING (stale or lease-expired; any with force) or PENDING with

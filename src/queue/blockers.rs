@@ -242,7 +242,6 @@ const SESSION_COLUMNS: &str = "a.pid, a.application_name, a.usename::text AS use
 /// The sessions that `pg_blocking_pids` names for session `pid` now, each
 /// with the sessions that block it in turn, as `pg_stat_activity` shows
 /// them (the query cut to its first 200 characters).
-
 pub async fn blockers_of(pool: &PgPool, pid: i32) -> Result<Vec<Blocker>, QueueError> {
     let sql = format!(
         r#"
@@ -679,7 +678,6 @@ fn sqlstate(e: &sqlx::Error) -> Option<&str> {
 /// death and the woken action's re-lock needed no wait and took the row
 /// first: the worker's finish of its failed handler, a retry that left the
 /// run PENDING.
-
 async fn terminate_audited(
     pool: &PgPool,
     req: &OperatorRequest,

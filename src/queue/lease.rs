@@ -248,7 +248,6 @@ pub const MIN_FENCED_IDLE: Duration = Duration::from_secs(10);
 /// them in a `blockers::FenceSessions` until the transaction ends, which
 /// `JobContext::fenced` does for the worker. Through PgBouncer the pid is
 /// the server's, and one transaction keeps one server connection.
-
 pub async fn begin_fenced(
     pool: &PgPool,
     fence: &Fence,

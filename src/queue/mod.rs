@@ -157,7 +157,6 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 /// The states of a run (`docs/state_machine.md`).
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RunStatus {
     Pending,

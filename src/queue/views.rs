@@ -490,7 +490,6 @@ pub struct JobGauges {
 /// runs are counted, but their due entries are held at 9999-12-31, so none
 /// of them is the oldest due PENDING run (here and in `status`): the pause
 /// gauges say why they wait.
-
 pub async fn gauges(
     pool: &PgPool,
     also: &[JobName],

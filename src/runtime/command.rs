@@ -484,7 +484,6 @@ fn spawn_error(program: &str, e: std::io::Error) -> JobError {
 /// failure's error message (`last output: …`), and the last stdout line,
 /// the reason of a skip. `command started` and `command ended` frame the
 /// output.
-
 fn forward(
     stream: Option<impl AsyncRead + Unpin + Send + 'static>,
     name: &'static str,

@@ -117,7 +117,6 @@ fn base_runs(
 /// The periods of whole business dates for `enqueue`: one per date for
 /// daily jobs, every firing of the schedule within each local date's
 /// `day_bounds` for `covers = "firing"` jobs, which need a schedule.
-
 pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Period>, String> {
     if cfg.covers != Covers::Firing {
         return Ok(dates.iter().copied().map(Period::day).collect());

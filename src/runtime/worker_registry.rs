@@ -264,7 +264,6 @@ pub struct ConfigDrift {
 /// Jobs whose live processes (those whose `live_until` has not passed)
 /// recorded more than one configuration, with who runs which and the keys
 /// that differ; `status` and `runs stale` print it.
-
 pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
     let sql = format!(

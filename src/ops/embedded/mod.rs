@@ -495,7 +495,6 @@ pub fn relocation_for(dir: &Path) -> PathBuf {
 /// bytes), `/tmp/batchonce-sock-<16 hex>` named after `dir`, verified as
 /// [`relocation_for`] says. Both `/tmp` names are the FNV-1a hash of the
 /// folder's path, stable across Rust toolchains.
-
 pub fn socket_dir_for(dir: &Path) -> PathBuf {
     let inside = dir.join("sock");
     if inside.as_os_str().len() + "/.s.PGSQL.5432".len() < 100 {

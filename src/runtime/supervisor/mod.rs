@@ -65,7 +65,6 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(5);
 /// service manager's SIGTERM must not skip the worker's `kill_grace`, and
 /// ^Z, which stops the worker, must not stop the supervisor. The program
 /// inherits the supervisor's signal mask as it was before this.
-
 const BLOCKED: [Signal; 5] = [
     Signal::SIGINT,
     Signal::SIGTERM,
@@ -341,7 +340,6 @@ fn report(socket: &mut StdUnixStream, r: &Report) {
 /// identity here (see [`crate::runtime::isolation`]).
 ///
 /// Runs in the program's process before exec: the signal mask the
-
 /// supervisor inherited, the identity of `run_as_user` if the job names
 /// one (and then a working directory that identity can search), otherwise
 /// none of the worker's inheritable or ambient capabilities, and

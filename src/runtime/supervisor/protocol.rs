@@ -95,13 +95,15 @@ pub fn describe_line(line: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
     Started(u32),
-    Failed { errno: i32, message: String },
+    Failed {
+        errno: i32,
+        message: String,
+    },
     Exited(i32),
     Signalled(i32),
     /// Killed because the deadline passed.
     Expired,
 }
-
 
 impl Report {
     pub fn line(&self) -> String {

@@ -89,7 +89,6 @@ pub(super) async fn finish_with_retries(
 /// abort it bypasses the completer and calls `queue::finish_many_within`
 /// ([`release_now`]).
 pub(super) async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
-
     // After an abort the process is about to exit: the release must not
     // wait for a lock it cannot end (a command job's program's session), so
     // it goes straight to the database with a lock timeout, not through the

@@ -760,7 +760,6 @@ fn lease_lost(lease: &Lease, cause: &str) {
 /// session's lock would otherwise keep its fenced transaction, and so the
 /// run's row, locked, while every takeover (the release first) waits for
 /// that row.
-
 async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blockers::SessionTx]) {
     if open.is_empty() {
         return;

@@ -19,7 +19,6 @@
 //!    `max_item_failures` for the date fails the run, any delivery still
 //!    pending makes the attempt retryable (`judge`), and a date without
 //!    requests is SKIPPED.
-
 //!
 //! There is no default sender: without `sender`, or with a
 //! `webhook_token_env` naming an unset variable, the run fails with
@@ -320,7 +319,6 @@ impl Job for NotificationSend {
 /// deliveries still pending after transient errors are retried, and
 /// otherwise the run succeeded (the final step of a partitioned run with no
 /// requests at all is skipped).
-
 async fn judge(ctx: &JobContext, transient: Option<(u64, String)>) -> Result<Outcome, JobError> {
     let mut stmt = batchonce::db::statement(ctx.pool()).await?;
     let (failed, total): (i64, i64) = batchonce::db::query_as(
