@@ -287,6 +287,8 @@ enum Command {
 /// could be checked) and 2 "usage error", so a script can tell them apart.
 pub const EXIT_FOUND: u8 = 3;
 
+// Each action's `after_help` gives the states it allows and an example;
+// `workers/tests/cli_ux.rs` parses them.
 #[derive(Debug, Subcommand)]
 enum RunsCommand {
     /// Lists runs, newest business date first.
