@@ -40,6 +40,26 @@ pub(super) const JOB_KEYS: &[&str] = &[
     "command",
 ];
 
+/// Applies one `[jobs.<name>]` table to `cfg`; an error is the dotted key
+/// and what is wrong with it.
+///
+/// The rules between keys: `lease_ttl` between 1s and 24h,
+/// `lease_ttl <= stale_after <= 30d`, `backoff <= backoff_max <= 7d`,
+/// `chunk_pause <= 60s`, `catch_up` at most [`MAX_CATCH_UP`] (400 days), and,
+/// for every job with a `schedule`, whatever its `covers`, a `catch_up`
+/// window holding at most `schedule::MAX_PERIODS_PER_TICK` (20,000)
+/// firings, because one tick walks every firing of its window. That last
+/// rule estimates the firings per day from a one-week sample of the
+/// schedule (the firings in `(2026-01-05T00:00Z, 2026-01-12T00:00Z]`, from a
+/// Monday, in the job's zone, so a schedule of some weekdays only is counted
+/// fairly), scales it to `catch_up`, and fails naming `catch_up` (`holds
+/// about N firings of this schedule; the limit is 20000: shorten it`). It
+/// counts firings, not periods, because the producer's cap does too (see
+/// `src/runtime/producer.rs`). These rules check only the jobs that have a
+/// table in the file; a kind's `default_config()` alone is not checked.
+/// `skip_dates` are strict `YYYY-MM-DD`, `skip_weekdays` chrono's weekday
+/// names. The command-only keys are applied after the loop by
+/// `apply_command_keys`, once `command` is known.
 pub(super) fn apply_job_table(
     cfg: &mut JobConfig,
     fields: &toml::Table,
