@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::job_table::{as_duration, as_int, as_str};
+use super::value::{as_duration, as_int, as_str};
 use super::JobConfig;
 
 /// How a command job runs its program (see [`crate::runtime::command`]).

@@ -33,6 +33,7 @@ mod command;
 pub mod context;
 mod job_table;
 mod scopes;
+mod value;
 
 pub use command::{is_variable_name, CommandSpec};
 use job_table::apply_job_table;
