@@ -8,9 +8,9 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchonce::queue::{self, ClaimSpec, Finish, NewRun};
 use batchonce::testing::{wait_until, TestDb};
@@ -20,6 +20,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 mod common;
+
+use common::wait_exit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
@@ -63,20 +65,6 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Everything `from` writes, collected by a thread until it closes.
