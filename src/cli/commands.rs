@@ -34,7 +34,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
         // advisory lock for the whole migration, `roles` and `preflight`
         // check the real server, and `demo` starts its own database.
         let direct = match &cli.command {
-            Command::Migrate => Some("migrate"),
+            Command::Migrate { .. } => Some("migrate"),
             Command::Roles { .. } => Some("roles"),
             Command::Preflight { .. } | Command::PreflightRacer { .. } => Some("preflight"),
             Command::Demo { .. } => Some("demo"),
@@ -65,7 +65,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                 ExitCode::FAILURE
             })
         }
-        Command::Migrate => {
+        Command::Migrate { contract } => {
             let pool = db::connect(require_url(&cli)?, "batchonce-migrate", 2).await?;
             let kinds =
                 db::kinds_to_migrate(&pool, &registry.migrations(), &known.migrations()).await?;
@@ -84,13 +84,21 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
             } else {
                 None
             };
+            // After the migrations, which the contract's release needs;
+            // a refusal leaves them applied.
+            let contracted = if *contract {
+                Some(crate::ops::contract::run(&pool).await?)
+            } else {
+                None
+            };
             if cli.json {
                 println!(
                     "{}",
                     json!({"migrated": true, "migrations": n,
                            "contexts_frozen": frozen, "contexts_left": left,
                            "jobs_declared": declared.as_ref().map(|d| &d.jobs),
-                           "jobs_undeclared": declared.as_ref().map(|d| &d.removed)})
+                           "jobs_undeclared": declared.as_ref().map(|d| &d.removed),
+                           "contract": contracted})
                 );
             } else {
                 println!("migrations applied ({n} known)");
@@ -119,6 +127,9 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
                          from {}; {left} left for the workers that claim them",
                         config.origin
                     );
+                }
+                if let Some(c) = &contracted {
+                    print_contract(c);
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -661,4 +672,18 @@ fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The text report of `migrate --contract`: one line per function dropped.
+fn print_contract(c: &crate::ops::contract::Contracted) {
+    if c.dropped.is_empty() {
+        println!(
+            "contract {}: nothing left to drop ({} functions dropped before)",
+            c.release,
+            c.already_gone.len()
+        );
+    }
+    for f in &c.dropped {
+        println!("contract {}: dropped {f}", c.release);
+    }
 }
