@@ -109,7 +109,9 @@ pub use status::status_output;
 #[derive(Debug, Parser)]
 #[command(
     name = "batchonce",
-    version,
+    // `batchonce 0.2.0 (commit 1a2b3c4d5e6f)`: the release and the commit it
+    // was built from (build.rs), so a bug report names both.
+    version = env!("BATCHONCE_VERSION_LINE"),
     about = "Scheduled business batch jobs, exactly once per business key, on PostgreSQL."
 )]
 struct Cli {

@@ -947,3 +947,22 @@ async fn status_on_an_unmigrated_database_says_to_migrate() {
         assert!(out.stdout.is_empty(), "{args:?}: {}", stdout(&out));
     }
 }
+
+/// `--version` names the release and the commit the binary was built from,
+/// the same commit `batchonce_build_info` exports, so a bug report that
+/// quotes it identifies the build.
+#[test]
+fn version_names_release_and_commit() {
+    let out = run(None, &["--version"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = format!(
+        "batchonce {} (commit {})\n",
+        env!("CARGO_PKG_VERSION"),
+        batchonce::telemetry::GIT_COMMIT
+    );
+    assert_eq!(stdout(&out), expected);
+    // A clone builds with git at hand: the commit is known, not `unknown`.
+    if std::env::var_os("CI").is_some() {
+        assert_ne!(batchonce::telemetry::GIT_COMMIT, "unknown");
+    }
+}
