@@ -305,7 +305,11 @@ fn the_example_configuration_loads_as_the_binary_loads_it() {
 fn the_maintainer_scripts_are_executable_and_parse() {
     use std::os::unix::fs::PermissionsExt;
     let deb = metadata();
-    let dir = in_crate(deb["maintainer-scripts"].as_str().expect("maintainer-scripts"));
+    let dir = in_crate(
+        deb["maintainer-scripts"]
+            .as_str()
+            .expect("maintainer-scripts"),
+    );
     let mut found = Vec::new();
     for name in ["preinst", "postinst", "prerm", "postrm", "config"] {
         let path = dir.join(name);
@@ -325,7 +329,10 @@ fn the_maintainer_scripts_are_executable_and_parse() {
             1,
             "{name}: #DEBHELPER# must appear exactly once"
         );
-        assert!(text.contains("\n#DEBHELPER#\n"), "{name}: #DEBHELPER# inline");
+        assert!(
+            text.contains("\n#DEBHELPER#\n"),
+            "{name}: #DEBHELPER# inline"
+        );
         for shell in ["sh", "bash"] {
             let out = Command::new(shell).arg("-n").arg(&path).output().unwrap();
             assert!(
