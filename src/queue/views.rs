@@ -692,3 +692,22 @@ pub async fn gauges(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conclusions_round_trip_through_text_and_json() {
+        let texts: Vec<&str> = Conclusion::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(texts, ["blocked", "alive-slow", "dead", "unknown"]);
+        for c in Conclusion::ALL {
+            assert_eq!(c.to_string().parse::<Conclusion>(), Ok(c));
+            let json = serde_json::to_value(c).unwrap();
+            assert_eq!(json, serde_json::json!(c.as_str()));
+            assert_eq!(serde_json::from_value::<Conclusion>(json).unwrap(), c);
+        }
+        assert!("Dead".parse::<Conclusion>().is_err());
+        assert!(serde_json::from_value::<Conclusion>(serde_json::json!("gone")).is_err());
+    }
+}
