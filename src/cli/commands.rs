@@ -1,6 +1,15 @@
 //! What each top-level command does: the long-running processes (worker,
 //! producer, exporter) with their signals and metrics server, and the short
 //! commands other than `runs`.
+//!
+//! Before any command runs, `--pgbouncer` is refused for `migrate`, `roles`,
+//! `preflight` and `demo` and otherwise passed to `db::set_transaction_pooler`
+//! before anything connects, and the configuration's command jobs are added
+//! to the registry (`command::register_commands`), so every command knows
+//! them. The worker logs its `connection budget`: the main pool of
+//! `--max-connections`, one more connection for heartbeats alone (so a
+//! small main pool slows handlers but never delays a heartbeat), and one for
+//! LISTEN with `--listen-url`.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -544,7 +553,11 @@ async fn unless_unmigrated(
 
 /// Waits for the database to be reachable (a worker may start before it),
 /// then refuses to run against a schema that is not migrated: claims would
-/// fail forever. Returns false if a signal arrived while waiting.
+/// fail forever. Returns false if a signal arrived while waiting (the
+/// worker then exits 0). Transient errors are retried with a backoff from
+/// 200 ms doubling to 10 s; a pending migration fails with one line,
+/// `` the database is not migrated (N migrations pending, first V): run
+/// `batchonce migrate` ``.
 async fn wait_for_schema(
     pool: &sqlx::PgPool,
     registry: &Registry,
@@ -587,7 +600,9 @@ fn default_worker_id() -> String {
 }
 
 /// Serves metrics until shutdown; `/readyz` turns ready once the database
-/// answers.
+/// answers. A task runs `SELECT 1` on the command's pool every 10 s while
+/// it succeeds and every second while it fails. The worker starts this
+/// before [`wait_for_schema`], so `/healthz` answers while it waits.
 fn spawn_metrics(
     addr: std::net::SocketAddr,
     pool: &sqlx::PgPool,
@@ -613,8 +628,11 @@ fn spawn_metrics(
     ))
 }
 
-/// SIGTERM/SIGINT start a graceful shutdown; a second one exits at once,
-/// with status 128 + the signal's number.
+/// SIGTERM/SIGINT start a graceful shutdown; a second one logs `second
+/// signal: exiting now; …` and exits at once, with status 128 + the
+/// signal's number, without releasing anything: whoever signals twice wants
+/// the process gone, and the leases expire and are recovered as after a
+/// crash.
 fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
