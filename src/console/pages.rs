@@ -16,7 +16,7 @@ use super::run_query::{cursor, opt, query_path, run_filter, RunsQuery};
 use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::JobName;
-use crate::queue::{self, AuditFilter, StaleRun};
+use crate::queue::{self, AuditFilter, RunStatus, StaleRun};
 use crate::runtime::worker_registry;
 
 /// Rows per page of the run list and the audit log.
