@@ -2,7 +2,8 @@
 //! folder at compile time, and cargo would not otherwise notice a new file.
 //! Also records the commit being built (`BATCHONCE_GIT_COMMIT` from the
 //! environment, else `git rev-parse`) for the `batchonce_build_info` metric;
-//! without either, the metric says `unknown`.
+//! without either, the metric says `unknown`. The same commit ends the line
+//! `batchonce --version` prints (`BATCHONCE_VERSION_LINE`).
 use std::process::Command;
 
 fn main() {
@@ -13,9 +14,14 @@ fn main() {
         .or_else(git_commit)
         // A label value: only what a commit id holds.
         .filter(|c| !c.is_empty() && c.len() <= 40 && c.bytes().all(|b| b.is_ascii_hexdigit()));
-    if let Some(c) = commit {
+    if let Some(c) = &commit {
         println!("cargo:rustc-env=BATCHONCE_GIT_COMMIT={c}");
     }
+    // Cargo sets CARGO_PKG_VERSION for build scripts too; the fallback only
+    // keeps the build going if it ever did not.
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_else(|_| "unknown".to_owned());
+    let commit = commit.as_deref().unwrap_or("unknown");
+    println!("cargo:rustc-env=BATCHONCE_VERSION_LINE={version} (commit {commit})");
 }
 
 fn git(args: &[&str]) -> Option<String> {

@@ -1,4 +1,4 @@
--- The engine's tables (DESIGN.md §3). Constraint names are part of the
+-- The engine's tables (docs/schema.md). Constraint names are part of the
 -- contract: the queue module matches errors by them.
 
 CREATE SEQUENCE batch_lease_token_seq AS bigint;

@@ -1,59 +1,31 @@
-//! Schedules and business periods: which instants a cron expression fires at
-//! in a job's IANA time zone, and which business period (a date, or a local
-//! minute) each firing is about. Everything here is pure: it takes instants
-//! and zones as arguments and never reads the process's clock, local time
-//! zone or `TZ`.
+//! Schedules and business periods: which instants a cron expression
+//! ([`CronSchedule`]) fires at in a job's IANA time zone, and which business
+//! period ([`Period`], a date or a local minute, per [`Covers`]) each firing
+//! is about ([`period_of`]); also a date's bounds in UTC ([`day_bounds`]).
+//! `docs/configuration.md` describes the keys and the DST rule for
+//! operators.
 //!
-//! The DST rule: the cron expression is matched against local wall-clock
-//! times. A local time that does not exist (the clock jumps forward over it)
-//! fires once at the first valid instant after the gap; an ambiguous local
-//! time (the clock falls back over it) fires once, at its earlier occurrence.
+//! Invariants:
 //!
-//! - `CronSchedule` parses a five-field cron expression (minute, hour, day of month, month, day of
-//!   week) with the `croner` crate and keeps its text. It refuses a seconds field and a year field,
-//!   because periods are keyed to the minute, and an expression that never fires (`"0 1 31 2 *"
-//!   never fires (there is no 31 February); name a day the month has, or L for its last day`, or,
-//!   when the day-of-week field takes part, `no date matches its day-of-month, month and
-//!   day-of-week fields together`). The check walks the dates of 2026–2055 and asks croner's own
-//!   `month_match` and `day_match`, so the day fields mean what croner makes them mean (day of
-//!   month OR day of week when both are given, AND with a `+` day of week, `L`, `W`, `#`); a test
-//!   checks that its first date agrees with croner's `find_next_occurrence`. Without a year field a
-//!   match depends only on the kind of year (weekday of 1 January, leap or not), and those 30
-//!   years, with no century year among them, hold all 14 kinds and so every kind of 1970–2199, 2100
-//!   included (a test checks that too): `0 0 29 2 +4`, 29 February on a Thursday, fires first in
-//!   2052 and is accepted. The walk is at most 30 × 366 days (4 ms in a debug build for the worst
-//!   case, an expression whose months all match and whose days never do; 25 µs for an everyday one,
-//!   which matches on the first day); croner's own search for a next firing of a never-firing
-//!   expression runs on to the year 5000 (13–190 ms each in a debug build, measured on the
-//!   expressions in the tests), which is why it is not used for this.
-//! - `Covers` is `SameDay`, `PreviousDay` or `Firing` (`same-day`, `previous-day`, `firing`).
-//! - `Period` is a date, plus a local minute for `Firing`. `Period::key_part` gives the period half
-//!   of a key: `2026-09-15` or `2026-09-15T10:15`.
-//! - `CronSchedule::firings(tz, after, upto, limit)` lists the firings in `(after, upto]`, at most
-//!   `limit`, and says whether the limit cut the list. Each is a `Firing { at, scheduled }`: the
-//!   instant and the local wall-clock time the schedule named, which differ only inside a DST gap.
-//!   It walks the cron expression over local wall-clock times, from 26 hours before `after` to 26
-//!   hours after `upto` in local time, and maps each match to an instant with `local_instant`.
-//! - `local_instant` is the DST rule. A local time that exists maps to itself, and an ambiguous one
-//!   to its earlier occurrence. A local time in a gap maps to the first valid instant after the
-//!   gap. Several gap times that map to one instant are one firing.
-//! - `period_of` gives the period a firing covers. Daily periods (`SameDay`, `PreviousDay`) follow
-//!   the `scheduled` local date, not the date of the instant; `Firing` periods follow the local
-//!   minute of `at`, so the times of one gap share the first valid minute after it. This is why a
-//!   gap that swallows a whole local date (Pacific/Apia skipped 2011-12-30) neither loses the
-//!   period before it nor covers one twice: keyed by the instant's date, `1 0 * * *` under
-//!   `previous-day` would have settled 2011-12-30 twice and 2011-12-29 never. The property test
-//!   below found this; `a_swallowed_local_date_neither_loses_nor_doubles_a_period` keeps it as a
-//!   unit test.
-//! - `business_date` is the local date of an instant, `start_of_day` the `local_instant` of local
-//!   midnight, and `day_bounds` a date's `[start, end)` in UTC.
+//! - Everything here is pure: it takes instants and zones as arguments and
+//!   never reads the process's clock, local time zone or `TZ`.
+//! - The DST rule ([`local_instant`]): the cron expression is matched
+//!   against local wall-clock times. A local time that does not exist (the
+//!   clock jumps forward over it) fires once at the first valid instant after
+//!   the gap; an ambiguous local time (the clock falls back over it) fires
+//!   once, at its earlier occurrence.
+//! - A daily schedule covers every existing local date once: its periods
+//!   strictly increase and none is covered twice, even across a gap that
+//!   swallows a whole local date (Pacific/Apia skipped 2011-12-30).
+//! - A schedule that never fires is refused when it is parsed, never found
+//!   out by a producer.
 //!
-//! The property tests in this file (`proptest`) check over eight zones, among them Lord Howe's
-//! half-hour shift and Apia's skipped day, that business dates are monotone, that `local_instant`
-//! is monotone and maps an existing local time to itself, and that a daily schedule's `same-day`
-//! and `previous-day` periods strictly increase (none covered twice) and cover every existing local
-//! date. `proptest-regressions/schedule.txt` keeps the cases it once shrank, the Apia one among
-//! them (see `proptest-regressions/` in docs/development.md).
+//! The property tests at the end of this file (`proptest`) check over eight
+//! zones, among them Lord Howe's half-hour shift and Apia's skipped day,
+//! that business dates and [`local_instant`] are monotone, that an existing
+//! local time maps to itself, and the daily schedule's invariant above;
+//! `proptest-regressions/schedule.txt` keeps the cases they once shrank
+//! (see `proptest-regressions/` in `docs/development.md`).
 
 use std::str::FromStr;
 
@@ -148,8 +120,14 @@ impl PartialEq for CronSchedule {
 }
 
 impl CronSchedule {
-    /// Parses a standard five-field expression; seconds and years are refused
-    /// because periods are keyed to the minute.
+    /// Parses a standard five-field expression (minute, hour, day of month,
+    /// month, day of week) with the `croner` crate; seconds and years are
+    /// refused because periods are keyed to the minute. An expression that
+    /// never fires is refused by name (`"0 1 31 2 *" never fires (there is no
+    /// 31 February); name a day the month has, or L for its last day`, or,
+    /// when the day-of-week field takes part, `no date matches its
+    /// day-of-month, month and day-of-week fields together`), from
+    /// [`first_firing_date`].
     pub fn parse(text: &str) -> Result<Self, String> {
         let fields = text.split_whitespace().count();
         if fields != 5 {
@@ -177,7 +155,11 @@ impl CronSchedule {
     }
 
     /// Every firing instant in `(after, upto]`, in order, at most `limit`;
-    /// the second value says whether the limit cut the list.
+    /// the second value says whether the limit cut the list. It walks the
+    /// cron expression over local wall-clock times, from 26 hours before
+    /// `after` to 26 hours after `upto` in local time, and maps each match
+    /// with [`local_instant`]; several gap times that map to one instant are
+    /// one firing.
     pub fn firings(
         &self,
         tz: Tz,
@@ -232,7 +214,13 @@ const PROBE_YEARS: std::ops::RangeInclusive<i32> = 2026..=2055;
 
 /// The first date in [`PROBE_YEARS`] on which `cron` fires, by croner's own
 /// rules for the day fields (day-of-month OR day-of-week when both are
-/// given, AND with a `+` day-of-week, `L`, `W`, `#`).
+/// given, AND with a `+` day-of-week, `L`, `W`, `#`), asking croner's
+/// `month_match` and `day_match`; a test checks that its first date agrees
+/// with croner's `find_next_occurrence`. `0 0 29 2 +4`, 29 February on a
+/// Thursday, fires first in 2052 and is accepted. croner's own search for a
+/// next firing of a never-firing expression runs on to the year 5000, two
+/// orders of magnitude slower than this walk of at most 30 × 366 days,
+/// which is why it is not used for this.
 fn first_firing_date(cron: &Cron) -> Option<NaiveDate> {
     let p = &cron.pattern;
     // A pattern that parsed has some hour and some minute; checked anyway,
@@ -355,8 +343,12 @@ pub fn business_date(instant: DateTime<Utc>, tz: Tz) -> NaiveDate {
 }
 
 /// The business period a firing covers: daily periods follow the scheduled
-/// local date; sub-daily ones the local minute the firing happens at (so the
-/// times of one DST gap share the first valid minute after it).
+/// local date, not the date of the instant; sub-daily ones the local minute
+/// the firing happens at (so the times of one DST gap share the first valid
+/// minute after it). Keyed by the instant's date, `1 0 * * *` under
+/// `previous-day` would have settled Apia's 2011-12-30 twice and 2011-12-29
+/// never; the property tests found this, and
+/// `a_swallowed_local_date_neither_loses_nor_doubles_a_period` keeps it.
 pub fn period_of(firing: &Firing, tz: Tz, covers: Covers) -> Period {
     let day = firing.scheduled.date();
     let local = firing.at.with_timezone(&tz);

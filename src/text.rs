@@ -16,39 +16,15 @@
 //! a private-use character (Co), a surrogate (Cs) or an unassigned code
 //! point or noncharacter (Cn). Letters, marks, digits, punctuation, symbols
 //! and spaces of every script are printable, so a Korean name is as valid
-//! as a Latin one.
+//! as a Latin one; text that needs a zero-width joiner or non-joiner (some
+//! emoji sequences, Persian words) is refused, the price of a rule an
+//! operator can predict.
 //!
 //! The other direction lives here too: text read back from the database
 //! (a program's output in an error message, a worker id, a session's
 //! application name) was written by anyone, so every human-readable output
 //! passes it through [`escape_for_terminal`], and `--json` output through
 //! [`json_for_terminal`], before it reaches an operator's terminal.
-//!
-//! Free text that one person types and others read later, kept in the audit table: `operator(s)`
-//! (1–80 characters, no whitespace at either end: an identity is stored and compared exactly as
-//! given, so `"kim "` is refused as a likely quoting mistake rather than silently trimmed) and
-//! `reason(s)` (3–500 characters after trimming, since a reason is prose that is read, never
-//! compared). Both require `printable(s)`: no character whose Unicode general category is Cc
-//! (controls), Cf (bidi embeddings, overrides and isolates, zero-width characters, the byte order
-//! mark, the soft hyphen, tags), Zl, Zp, Co, Cs or Cn (unassigned and noncharacters). The
-//! categories come from `unicode-properties`; a small table of names serves only the messages. A
-//! `TextError` never repeats the text, which would carry the disguising character into the message;
-//! it names the code point and says what is wrong (`contains U+202E (RIGHT-TO-LEFT OVERRIDE), a
-//! formatting character that can disguise text; use printable characters`), and the caller names
-//! the field. Letters, marks and spaces of every script pass, so Korean names are as valid as Latin
-//! ones; text that needs a zero-width joiner or non-joiner (some emoji sequences, Persian words) is
-//! refused, the price of a rule an operator can predict. The command line's `validate_operator` and
-//! `validate_reason` call these, and a later entry point such as a web console should too.
-//!
-//! The other direction, text read back from the database and shown to a person:
-//! `escape_for_terminal(s)` (a `Cow`, borrowed when nothing needs escaping) writes every character
-//! a terminal could act on, Cc (C0, DEL, C1), Cf and Zl/Zp, as an escape: `\t`, `\n`, `\r`, `\x1b`
-//! for the other C0 controls and DEL, `\u{202e}` for the rest. Private-use and unassigned
-//! characters and backslashes stay as they are: the aim is a terminal that only shows, not a
-//! reversible encoding. `json_for_terminal(value)` serialises with serde_json through a `Formatter`
-//! whose `write_string_fragment` writes the same characters as `\uXXXX` (surrogate pairs above the
-//! BMP), since serde_json escapes C0 only: the same JSON value, safe to print. `src/cli/` sends
-//! every stored string it prints, and every `--json` line of `status` and `runs`, through them.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -224,7 +200,8 @@ pub fn escape_for_terminal(s: &str) -> Cow<'_, str> {
 }
 
 /// `value` as one line of JSON in which every character a terminal could
-/// act on is a `\uXXXX` escape: the same JSON value (any parser reads the
+/// act on is a `\uXXXX` escape (surrogate pairs above the BMP, written by
+/// a `Formatter`'s `write_string_fragment`): the same JSON value (any parser reads the
 /// same strings back), safe to print. serde_json escapes C0 controls
 /// itself but writes DEL, C1 and bidi controls as they are.
 pub fn json_for_terminal<T: serde::Serialize + ?Sized>(

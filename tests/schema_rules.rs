@@ -306,3 +306,45 @@ async fn every_owner_rights_function_pins_its_search_path() {
     // The claim, the finish, recovery and the other engine steps.
     assert!(count >= 5, "only {count} owner-rights functions found");
 }
+
+/// A database that applied the released text of a migration reworded since
+/// (in comments only) migrates on: `migrate` records the new checksum rather
+/// than sqlx refusing the migration as edited. A checksum that is neither
+/// the released nor the present one is still refused.
+#[tokio::test]
+async fn a_reworded_migration_is_accepted_and_an_edited_one_refused() {
+    let db = TestDb::new(&[]).await;
+    let version = 20260901000001_i64;
+    let present = batchonce::db::ENGINE_MIGRATIONS
+        .iter()
+        .find(|m| m.version == version)
+        .unwrap()
+        .checksum
+        .to_vec();
+    let recorded = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, Vec<u8>>("SELECT checksum FROM _sqlx_migrations WHERE version = $1")
+            .bind(version)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // As a database migrated by 0.1.0 recorded it.
+    sqlx::query(
+        "UPDATE _sqlx_migrations SET checksum = decode('9c02367fe981dd5768d7b1e1edb97c56390a9fe35170e0f9ce864fa3c70cb3d0098d84b103aed702e65b75ab7a5b42b3', 'hex') WHERE version = $1",
+    )
+    .bind(version)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    batchonce::db::migrate(&db.pool, &[]).await.unwrap();
+    assert_eq!(recorded(db.pool.clone()).await, present);
+
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = decode('00', 'hex') WHERE version = $1")
+        .bind(version)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = batchonce::db::migrate(&db.pool, &[]).await.unwrap_err();
+    assert!(err.to_string().contains("modified"), "{err}");
+    assert_eq!(recorded(db.pool.clone()).await, vec![0u8]);
+}

@@ -1,87 +1,33 @@
-//! The command-line layer (DESIGN.md §6), the top of the engine. Parsing and
-//! output live here; every command delegates to the queue, runtime or ops
-//! layers. Errors are one line on stderr and a non-zero exit. This layer must
-//! never hold SQL of its own or decide about a run: what it prints comes
-//! from the queue's views, and what it changes goes through the queue's
-//! functions.
+//! The command-line layer, the top of the engine: the arguments (clap
+//! derive), [`main`], logging and the one-line errors. Every command
+//! delegates to the queue, runtime or ops layers. The commands and their
+//! flags are described in `docs/cli.md` and the generated
+//! `docs/cli-reference.md`.
 //!
-//! `mod.rs` holds the arguments, `main`, logging and the usage-error line; `commands.rs` what each
-//! top-level command does; `runs.rs` the `runs` subcommands; `jobs.rs` the `jobs` subcommands; `watch.rs` `runs watch`; `keys.rs` the
-//! date hint for keys; `print.rs` the shared output (`Table`, whose columns are as wide as their
-//! widest cell in terminal columns, `unicode-width`; instants to the second in UTC; ages such as
-//! `3m12s`).
+//! `mod.rs` holds the arguments, `main`, logging and the usage-error line;
+//! `commands.rs` what each top-level command does; `runs.rs` the `runs`
+//! subcommands; `jobs.rs` the `jobs` subcommands; `status.rs` `status`;
+//! `watch.rs` `runs watch`; `keys.rs` the date hint for keys; `print.rs` the
+//! shared output (`Table`, whose columns are as wide as their widest cell in
+//! terminal columns, `unicode-width`; instants to the second in UTC; ages
+//! such as `3m12s`).
 //!
-//! The command line (clap derive): `demo`, `migrate`, `enqueue` (`--date`, or `--from`/`--to`),
-//! `produce` (`--once`, `--interval`, `--now`, `--metrics-addr`), `preflight` (`--processes`), the
-//! hidden `preflight-racer`, `worker` (with `--metrics-addr` and `--max-connections`), `exporter`
-//! (`--interval`, `--metrics-addr`), `runs list`, `runs show` (with the operator actions), `runs
-//! stale [--fail-if-dead]`, `runs watch KEY [--interval]`, `runs fail|rerun|skip KEY --reason R
-//! --operator O [--force] [--dry-run]` (each with `after_help`: the states it allows and an
-//! example, which `workers/tests/cli_ux.rs` parses), `jobs pause|resume JOB --reason R --operator
-//! O` and `jobs paused` (`jobs.rs`), `status` and `roles` (`--prefix`, `--schema`,
-//! `--apply`), plus the global options `--database-url`, `--config`, `--json` and `--log-format`
-//! and `--pgbouncer` (which `dispatch` refuses for `migrate`, `roles`, `preflight` and `demo` and
-//! otherwise passes to `db::set_transaction_pooler` before anything connects). Before parsing
-//! anything, `cli::main` calls `supervisor::run_if_invoked()`, which turns the process into a
-//! command job's supervisor when its first argument is `__batchonce-supervise`. It also sets up
-//! logging (tracing, JSON when stderr is not a terminal, colour in text only when stderr is a
-//! terminal and `NO_COLOR` is unset; `info` by default for `worker`, `exporter` and `produce`
-//! without `--once`, `warn` otherwise), loads the configuration against the registry's default
-//! configs, then, in `dispatch`, adds the configuration's command jobs to the registry with
-//! `command::register_commands`, so every command that follows knows them, and installs the signal
-//! handler: the first SIGTERM/SIGINT triggers `shutdown`; the second logs `second signal: exiting
-//! now; …` and calls `std::process::exit(128 + signal)` without releasing anything, because whoever
-//! signals twice wants the process gone, and the leases expire and are recovered as after a crash.
-//! For `worker`, `exporter` and the `produce` loop, `spawn_metrics` starts `telemetry::serve` on
-//! `--metrics-addr` (default `127.0.0.1:9464`) and a task that runs `SELECT 1` (simple protocol, so
-//! it is safe through any pooler) on the command's pool, every 10 s while it succeeds and every
-//! second while it fails, and sets the ready flag `/readyz` reports. The worker starts it before
-//! `wait_for_schema`, so `/healthz` answers while the worker waits for its database. The worker's
-//! main pool, which the handlers, claims, the recovery pass, the readiness check and the LISTEN
-//! connection share, has `--max-connections` connections (1–1000, default `--concurrency` + 3), and
-//! its heartbeat pool one more of its own, so a main pool smaller than the concurrency slows
-//! handlers but never delays a heartbeat; `--listen-url` adds one direct connection for LISTEN
-//! (required with `--pgbouncer` unless `--no-listen`), and the worker logs the sum as `connection
-//! budget`. `exporter` connects lazily (`batchonce-exporter`, two connections) and runs
-//! `exporter::run` until SIGTERM/SIGINT. Before `worker` calls `worker::run`, `wait_for_schema`
-//! retries `pending_migrations` with a backoff from 200 ms doubling to 10 s while the error is
-//! transient; a signal during that wait exits 0. If a migration is pending, the command fails with
-//! one line, `` the database is not migrated (N migrations pending, first V): run `batchonce
-//! migrate` ``. `runs stale` (like `status` and `runs list`, which read no configuration to judge or filter
-//! runs) prints, per run, the key
-//! and conclusion and three lines of evidence, plus, for `blocked`, the waiting session and the
-//! sessions it waits for, or `no stale runs`. `runs fail|rerun|skip` parse the key, check
-//! `--operator` and `--reason` with `validate_operator` and `validate_reason`, which apply
-//! `text::operator` and `text::reason` and prefix the error with the flag (`invalid --operator:
-//! …`), take `max_attempts` from the key's job configuration and the engine's default `stale_after`
-//! (both serve only a run that stores none), and call
-//! `queue::blockers::act` with `--lock-timeout`, `--terminate-blocker` and `--dry-run`. A `Refused`
-//! becomes an error. `ActError::Blocked` prints its one error line and, in text mode, the indented
-//! sessions on stderr, or, with `--json`, one object on stdout, and exits 1. Short commands log at
-//! `warn,sqlx::query=error` by default, so sqlx's warning about a slow statement (an action that
-//! waited for a row) never comes before the command's own error. `roles` without `--apply` prints
-//! `roles::sql(prefix, schema)` and needs no database; with `--apply` it connects
-//! (`batchonce-roles`, one connection) and calls `roles::apply`. Every error becomes one
-//! `batchonce: error: …` line: its causes are joined, line breaks become spaces, `text::truncate`
-//! cuts it to 1,000 characters, so an error that quotes a huge input stays one bounded line, and
-//! `text::escape_for_terminal` escapes what a terminal would act on. Every print path that shows
-//! stored text (`runs show`, `runs list`, `runs stale`, `status`, the configuration drift, the
-//! operator actions' results and the blocker messages) passes each stored string through
-//! `text::escape_for_terminal` (imported as `esc`), and their `--json` output goes through
-//! `text::json_for_terminal`; the values are printed, never obeyed (`workers/tests/terminal.rs`). A
-//! clap usage error is reduced to its first paragraph on one line, cut the same way, and followed
-//! by `(see batchonce SUB --help)` for the deepest subcommand the arguments name (`help_command`
-//! steps over options and their values). Usage errors exit 2, other errors 1, and `EXIT_FOUND` (3)
-//! means a command worked and found what it was asked to look for: `runs stale --fail-if-dead` a
-//! dead run, `runs watch` a run that ended FAILED. `status` and `runs …` that fail with a database
-//! error ask `pending_migrations` and, if a migration is pending, print the worker's `not migrated`
-//! line instead (`unless_unmigrated`). `runs show`, `runs watch` and the actions take the key
-//! through `keys::parse`: a key that names no run but whose period reads as a date written another
-//! way (`2026-9-15`, `15/09/2026`, `20260915`) gets `business dates are written YYYY-MM-DD, e.g.
-//! KEY`. `runs show` and `runs watch` compare lease and retry times with `RunView::read_at`, the
-//! database's `now()` of the same read. `runs watch` polls `queue::show_run` every `--interval` (at
-//! least 100 ms); its rate is the current attempt's items over about the last 30 s of database
-//! time, from the attempt's start until a look that old exists.
+//! Invariants:
+//!
+//! - This layer never holds SQL of its own or decides about a run: what it
+//!   prints comes from the queue's views, and what it changes goes through
+//!   the queue's functions.
+//! - Every error is one bounded line on stderr, `batchonce: error: …`, and a
+//!   non-zero exit: 2 for a usage error, 1 otherwise. [`EXIT_FOUND`] (3)
+//!   means a command worked and found what it was asked to look for.
+//! - Stored text is printed, never obeyed. Every print path that shows
+//!   stored text (`runs show`, `runs list`, `runs stale`, `status`, the
+//!   configuration drift, the operator actions' results and the blocker
+//!   messages) passes each stored string through `text::escape_for_terminal`
+//!   (imported as `esc`), and their `--json` output goes through
+//!   `text::json_for_terminal` (`workers/tests/terminal.rs`).
+//! - Lease and retry times are compared with the database's `now()` of the
+//!   same read (`RunView::read_at`), never the host's clock.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -115,7 +61,9 @@ pub use status::status_output;
 #[derive(Debug, Parser)]
 #[command(
     name = "batchonce",
-    version,
+    // `batchonce 0.2.0 (commit 1a2b3c4d5e6f)`: the release and the commit it
+    // was built from (build.rs), so a bug report names both.
+    version = env!("BATCHONCE_VERSION_LINE"),
     about = "Scheduled business batch jobs, exactly once per business key, on PostgreSQL."
 )]
 struct Cli {
@@ -359,6 +307,8 @@ struct ConsoleArgs {
 /// could be checked) and 2 "usage error", so a script can tell them apart.
 pub const EXIT_FOUND: u8 = 3;
 
+// Each action's `after_help` gives the states it allows and an example;
+// `workers/tests/cli_ux.rs` parses them.
 #[derive(Debug, Subcommand)]
 enum RunsCommand {
     /// Lists runs, newest business date first.
@@ -528,6 +478,18 @@ fn instant_arg(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
 
 /// Runs the command line with the given job kinds; the `batchonce` binary's
 /// whole `main`.
+///
+/// Before parsing anything it calls `supervisor::run_if_invoked()`, which
+/// turns the process into a command job's supervisor when its first
+/// argument is `__batchonce-supervise`. It then sets up logging
+/// ([`init_logging`]) and loads the configuration against the registry's
+/// default configs. Every error becomes one `batchonce: error: …` line: its
+/// causes are joined, line breaks become spaces, `text::truncate` cuts it
+/// to 1,000 characters (so an error that quotes a huge input stays one
+/// bounded line), and `text::escape_for_terminal` escapes what a terminal
+/// would act on. A clap usage error is reduced to its first paragraph on
+/// one line, cut the same way, and followed by `(see batchonce SUB --help)`
+/// for the deepest subcommand the arguments name ([`help_command`]).
 pub fn main(registry: Registry) -> ExitCode {
     crate::runtime::supervisor::run_if_invoked();
     let cli = match Cli::try_parse() {
@@ -653,6 +615,10 @@ fn help_command(args: impl IntoIterator<Item = std::ffi::OsString>) -> String {
     format!("{} --help", path.join(" "))
 }
 
+/// tracing on stderr: JSON when stderr is not a terminal (or with
+/// `--log-format json`), colour in text only when stderr is a terminal and
+/// `NO_COLOR` is unset. `RUST_LOG` wins over the default level: `info` for
+/// the long-running commands, `warn` otherwise.
 fn init_logging(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
     let default = match cli.command {
@@ -743,7 +709,9 @@ fn require_url(cli: &Cli) -> anyhow::Result<&str> {
     }
 }
 
-/// The rule is `text::operator`'s, shared with any other entry point.
+/// The rule is `text::operator`'s, shared with any other entry point; the
+/// error is prefixed with the flag (`invalid --operator: …`), as is
+/// [`validate_reason`]'s with `text::reason`.
 fn validate_operator(s: &str) -> anyhow::Result<String> {
     crate::text::operator(s).map_err(|e| anyhow!("invalid --operator: {e}"))
 }

@@ -27,7 +27,9 @@ pub(super) fn default_worker_id() -> String {
 }
 
 /// Serves metrics until shutdown; `/readyz` turns ready once the database
-/// answers.
+/// answers. A task runs `SELECT 1` on the command's pool every 10 s while
+/// it succeeds and every second while it fails. The worker starts this
+/// before [`super::schema::wait_for_schema`], so `/healthz` answers while it waits.
 pub(super) fn spawn_metrics(
     addr: std::net::SocketAddr,
     pool: &sqlx::PgPool,
@@ -53,8 +55,11 @@ pub(super) fn spawn_metrics(
     ))
 }
 
-/// SIGTERM/SIGINT start a graceful shutdown; a second one exits at once,
-/// with status 128 + the signal's number.
+/// SIGTERM/SIGINT start a graceful shutdown; a second one logs `second
+/// signal: exiting now; …` and exits at once, with status 128 + the
+/// signal's number, without releasing anything: whoever signals twice wants
+/// the process gone, and the leases expire and are recovered as after a
+/// crash.
 pub(super) fn spawn_signal_handler(signals: Shutdown) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;

@@ -17,7 +17,18 @@ use crate::queue::{self, RunStatus};
 use crate::runtime::job::Registry;
 use crate::text::{escape_for_terminal as esc, json_for_terminal};
 
-/// `runs ...`: one handler per subcommand.
+/// The `runs` subcommands. `status`, `runs list` and `runs stale` read no
+/// configuration to judge or filter runs; `runs stale` prints, per run, the
+/// key, the conclusion and three lines of evidence (for `blocked`, the
+/// waiting session and the sessions it waits for), or `no stale runs`.
+/// `runs fail|rerun|skip` parse the key ([`super::keys::parse`]), check
+/// `--operator` and `--reason`, take `max_attempts` from the key's job
+/// configuration and the engine's default `stale_after` (both serve only a
+/// run that stores none), and call `queue::blockers::act` with
+/// `--lock-timeout`, `--terminate-blocker` and `--dry-run`; a `Refused`
+/// becomes an error and `ActError::Blocked` goes to [`blocked`]. A
+/// database error of `status` or `runs …` becomes the `not migrated` line
+/// when a migration is pending (`unless_unmigrated`).
 pub(super) async fn runs_command(
     pool: &sqlx::PgPool,
     registry: &Registry,

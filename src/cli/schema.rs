@@ -43,7 +43,11 @@ pub(super) async fn unless_unmigrated(
 
 /// Waits for the database to be reachable (a worker may start before it),
 /// then refuses to run against a schema that is not migrated: claims would
-/// fail forever. Returns false if a signal arrived while waiting.
+/// fail forever. Returns false if a signal arrived while waiting (the
+/// worker then exits 0). Transient errors are retried with a backoff from
+/// 200 ms doubling to 10 s; a pending migration fails with one line,
+/// `` the database is not migrated (N migrations pending, first V): run
+/// `batchonce migrate` ``.
 pub(super) async fn wait_for_schema(
     pool: &sqlx::PgPool,
     registry: &Registry,

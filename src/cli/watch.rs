@@ -37,7 +37,11 @@ enum Mode {
 
 /// Follows `key` until its run is SUCCEEDED, SKIPPED (exit 0) or FAILED
 /// (exit [`super::EXIT_FOUND`]). A key without a run is an error; a
-/// database that stops answering is retried at the next interval.
+/// database that stops answering is retried at the next interval. It polls
+/// `queue::show_run` every `interval` (at least [`MIN_INTERVAL`]); the rate
+/// is the current attempt's items over about the last
+/// [`RATE_WINDOW_SECONDS`] of database time, from the attempt's start until
+/// a look that old exists.
 pub(super) async fn watch(
     pool: &sqlx::PgPool,
     key: &JobKey,

@@ -10,13 +10,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::job_table::{as_duration, as_int, as_str};
+use super::value::{as_duration, as_int, as_str};
 use super::JobConfig;
 
 /// How a command job runs its program (see [`crate::runtime::command`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandSpec {
     /// The program and its arguments; run directly, not through a shell.
+    /// A non-empty array of strings, at most 64 KiB in all, without NUL,
+    /// the first not blank.
     pub argv: Vec<String>,
     /// Longest an attempt may run before its process group is stopped.
     pub timeout: Duration,
@@ -24,7 +26,9 @@ pub struct CommandSpec {
     pub kill_grace: Duration,
     /// Working directory; the worker's own when unset.
     pub working_dir: Option<PathBuf>,
-    /// Extra environment variables.
+    /// Extra environment variables: names of letters, digits and `_` not
+    /// starting with a digit, never `BATCHONCE_*` or `DATABASE_URL`;
+    /// values at most 64 KiB.
     pub env: BTreeMap<String, String>,
     /// Variables of the worker's environment passed on to the program as
     /// they are (when the worker has them), besides the fixed base.
@@ -47,6 +51,9 @@ pub struct CommandSpec {
 }
 
 impl CommandSpec {
+    /// The defaults of every command key: timeout 1 h (at most 7 d),
+    /// `kill_grace` 10 s (at most `timeout`), exit code 3 for a skip and
+    /// `[2, 126, 127]` fatal.
     pub fn new(argv: Vec<String>) -> Self {
         Self {
             argv,

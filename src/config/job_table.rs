@@ -3,8 +3,8 @@
 //! key), then the rules between keys (a `stale_after` longer than the lease,
 //! a schedule whose `catch_up` holds too many firings, `partitions` or
 //! `scopes` on a kind that cannot take them, …). `Config::parse` calls
-//! [`apply_job_table`] for every table; the value readers here are shared
-//! with the command job's keys (`command.rs`).
+//! [`apply_job_table`] for every table. The value readers it shares with
+//! the command job's keys (`command.rs`) are in `value.rs`.
 
 use std::time::Duration;
 
@@ -12,9 +12,8 @@ use chrono::Weekday;
 use chrono_tz::Tz;
 
 use super::command::{apply_command_keys, as_argv, COMMAND_KEYS};
-use super::{
-    parse_duration, scopes, CommandSpec, JobConfig, LeaseExpiryPolicy, ScopeSource, MAX_CATCH_UP,
-};
+use super::value::{as_duration, as_duration_or_zero, as_int, as_str};
+use super::{scopes, CommandSpec, JobConfig, LeaseExpiryPolicy, ScopeSource, MAX_CATCH_UP};
 
 use crate::key::parse_date;
 use crate::schedule::{Covers, CronSchedule};
@@ -41,6 +40,26 @@ pub(super) const JOB_KEYS: &[&str] = &[
     "command",
 ];
 
+/// Applies one `[jobs.<name>]` table to `cfg`; an error is the dotted key
+/// and what is wrong with it.
+///
+/// The rules between keys: `lease_ttl` between 1s and 24h,
+/// `lease_ttl <= stale_after <= 30d`, `backoff <= backoff_max <= 7d`,
+/// `chunk_pause <= 60s`, `catch_up` at most [`MAX_CATCH_UP`] (400 days), and,
+/// for every job with a `schedule`, whatever its `covers`, a `catch_up`
+/// window holding at most `schedule::MAX_PERIODS_PER_TICK` (20,000)
+/// firings, because one tick walks every firing of its window. That last
+/// rule estimates the firings per day from a one-week sample of the
+/// schedule (the firings in `(2026-01-05T00:00Z, 2026-01-12T00:00Z]`, from a
+/// Monday, in the job's zone, so a schedule of some weekdays only is counted
+/// fairly), scales it to `catch_up`, and fails naming `catch_up` (`holds
+/// about N firings of this schedule; the limit is 20000: shorten it`). It
+/// counts firings, not periods, because the producer's cap does too (see
+/// `src/runtime/producer.rs`). These rules check only the jobs that have a
+/// table in the file; a kind's `default_config()` alone is not checked.
+/// `skip_dates` are strict `YYYY-MM-DD`, `skip_weekdays` chrono's weekday
+/// names. The command-only keys are applied after the loop by
+/// `apply_command_keys`, once `command` is known.
 pub(super) fn apply_job_table(
     cfg: &mut JobConfig,
     fields: &toml::Table,
@@ -263,31 +282,4 @@ fn check_bounds(cfg: &JobConfig, path: &str) -> Result<(), (String, String)> {
         return Err(bound("chunk_pause", "must be at most 60s"));
     }
     Ok(())
-}
-
-pub(super) fn as_str(v: &toml::Value) -> Result<&str, String> {
-    v.as_str()
-        .ok_or_else(|| format!("expected a string, found {}", v.type_str()))
-}
-
-pub(super) fn as_int(v: &toml::Value, min: i64, max: i64) -> Result<i64, String> {
-    let n = v
-        .as_integer()
-        .ok_or_else(|| format!("expected an integer, found {}", v.type_str()))?;
-    if n < min || n > max {
-        return Err(format!("{n} is out of range {min}..={max}"));
-    }
-    Ok(n)
-}
-
-pub(super) fn as_duration_or_zero(v: &toml::Value) -> Result<Duration, String> {
-    match as_str(v)? {
-        "0" | "0s" => Ok(Duration::ZERO),
-        _ => as_duration(v),
-    }
-}
-
-pub(super) fn as_duration(v: &toml::Value) -> Result<Duration, String> {
-    let s = as_str(v)?;
-    parse_duration(s)
 }

@@ -1,74 +1,23 @@
-//! The configuration layer: what the operator declares (`batchonce.toml`:
-//! one `[jobs.<name>]` table per job with its time zone and policies, in
-//! `mod.rs`, and command jobs' keys in `command.rs`) and what a run is
-//! frozen with when it is enqueued (`context.rs`). Parsing is strict: an
-//! unknown key, a bad time zone or a bad duration is an error that names the
-//! key.
+//! The configuration layer: what the operator declares in `batchonce.toml`
+//! (one `[jobs.<name>]` table per job, parsed into a [`Config`] holding a
+//! [`JobConfig`] per declared job) and what a run is frozen with when it is
+//! enqueued (`context.rs`). `job_table.rs` applies one table to a job
+//! (each key, then the rules between keys), `command.rs` holds a command
+//! job's keys ([`CommandSpec`]), and `scopes.rs` where a scoped job's scopes
+//! come from. What each key means, with its default and bounds, is in
+//! `docs/configuration.md` and, for command jobs, `docs/command-jobs.md`.
 //!
-//! This layer must never touch the database or the clock, and never decide
-//! anything about a run that already exists: once enqueued, a run is judged
-//! by the context stored with it, not by any file.
+//! Invariants:
 //!
-//! The `batchonce.toml` parser. It produces a `Config` holding a `JobConfig` per job the file
-//! declares: for a registered kind named by a `[jobs.<name>]` table, the kind's `default_config()`
-//! with the table applied on top, and one per command job. `Config::empty()` (no file) declares
-//! nothing; `Config::defaults(kinds)` and `Config::declare_all` declare every given kind, for
-//! `demo` and library tests.
-//!
-//! It also holds `LeaseExpiryPolicy` (`retry` or `hold`) and `parse_duration` (humantime; zero
-//! rejected; only `chunk_pause` and `catch_up` accept a literal `"0"` or `"0s"`). The scheduling
-//! keys are `schedule` (a `CronSchedule`), `covers`, `catch_up` (at most `MAX_CATCH_UP`, 400 days),
-//! `skip_dates` (strict `YYYY-MM-DD`), `skip_weekdays` (chrono's weekday names) and `enabled`.
-//! `JobConfig::default` has no schedule, `covers = same-day`, `catch_up = 3d`, no skips and
-//! `enabled = true`. `JobConfig::skip_reason(date)` gives the business calendar's reason to skip a
-//! date, checking `skip_dates` first, then `skip_weekdays`. Parsing is strict. Unknown keys,
-//! unregistered job names, bad time zones, bad durations, out-of-range numbers broken cross-key
-//! rules and bad or never-firing cron expressions, dates or weekday names each produce a
-//! `ConfigError`: one line naming the file and the dotted key. The cross-key rules are `lease_ttl`
-//! between 1s and 24h, `lease_ttl <= stale_after <= 30d`, `backoff <= backoff_max <= 7d`,
-//! `chunk_pause <= 60s`, and, for every job with a `schedule`, whatever its `covers`, a `catch_up`
-//! window holding at most `schedule::MAX_PERIODS_PER_TICK` (20,000) firings, because one tick walks
-//! every firing of its window. That last rule estimates the firings per day from a one-week sample
-//! of the schedule (the firings in `(2026-01-05T00:00Z, 2026-01-12T00:00Z]`, from a Monday, in the
-//! job's zone, so a schedule of some weekdays only is counted fairly), scales it to `catch_up`, and
-//! fails naming `catch_up` (`holds about N firings of this schedule; the limit is 20000: shorten
-//! it`). It counts firings, not periods, because the producer's cap does too (see
-//! `src/runtime/producer.rs`). The cross-key rules run in `job_table.rs`'s `apply_job_table`, so they check the jobs that
-//! have a `[jobs.<name>]` table in the file; a kind's `default_config()` alone is not checked.
-//!
-//! Five kinds of keys sit in a job table besides the scheduling and policy keys above:
-//!
-//! - `scopes` makes the job scoped: one run per scope and period, keyed `<job>:<period>@<scope>`,
-//!   from a fixed list or a SQL query (`src/config/scopes.rs`); only a kind whose
-//!   `default_config` sets `scopable`, or a command job, accepts it, and a listed scope must
-//!   leave the key within 120 characters.
-//! - `partitions` (1–256, default 1) splits each run into that many partitions, leased apart
-//!   (`src/queue/partitions.rs`); only a kind whose `default_config` sets `partitionable`, or a
-//!   command job, accepts more than 1.
-//! - `max_item_failures` (`Option<u64>`, default `None`, meaning no limit) is a common key that
-//!   every job accepts. Only a kind that counts failed items reads it; among the bundled kinds that
-//!   is `notification-send`.
-//! - A kind's own keys are held in `JobConfig.options`, a `KindOptions { keys, check, values }`.
-//!   The kind declares `keys` and `check` (an `OptionCheck`, `fn(&toml::Table) -> Result<(),
-//!   OptionError>`) in its `default_config()`. `apply_job_table` copies a key listed in `keys` into
-//!   `values` as raw TOML, and after the loop runs `check` on `values`; an `OptionError { key,
-//!   message }` becomes a `ConfigError` naming `jobs.<name>.<key>`. The kind reads the values with
-//!   `KindOptions::str`, `int` and `duration`. A key that no kind lists is an unknown key, and the
-//!   error lists the keys the table accepts. Like the cross-key rules, the check runs only for a
-//!   job with a table in the file.
-//! - `command` makes the job a command job, with a `CommandSpec`: `argv` (a non-empty array of
-//!   strings, at most 64 KiB, no NUL, the first not blank), `timeout` (default 1 h, at most 7 d),
-//!   `kill_grace` (default 10 s, at most `timeout`), `working_dir`, `env` (names of letters, digits
-//!   and `_` not starting with a digit, never `BATCHONCE_*` or `DATABASE_URL`; values at most 64
-//!   KiB), `pass_env` (at most 100 distinct such names, never `BATCHONCE_*`, `DATABASE_URL` or a
-//!   name of `env`), `database_url_env` (one such name), `skipped_exit_code` (default 3, 1–255) and
-//!   `fatal_exit_codes` (default `[2, 126, 127]`, each 1–255, not containing `skipped_exit_code`).
-//!   `CommandSpec::new` holds the defaults. `CommandSpec` and its keys live in the submodule
-//!   `src/config/command.rs`. The command-only keys (`COMMAND_KEYS`) are applied by
-//!   `apply_command_keys` after the loop, once `command` is known, and a table without `command`
-//!   that gives one is refused. In `Config::parse`, a table whose name is not a registered kind is
-//!   accepted only if it has `command`, and it starts from `JobConfig::default()`; a table of a
-//!   registered kind may not have `command` (`give the command job a name of its own`).
+//! - Parsing is strict. Unknown keys, unregistered job names, bad time
+//!   zones, bad durations, out-of-range numbers, broken rules between keys,
+//!   and bad or never-firing cron expressions, dates or weekday names each
+//!   produce a [`ConfigError`]: one line naming the file and the dotted key.
+//! - Only declared jobs exist: a registered kind that the file does not
+//!   name is not migrated, scheduled or run by this process.
+//! - This layer never touches the database or the clock, and never decides
+//!   anything about a run that already exists: once enqueued, a run is
+//!   judged by the context stored with it, not by any file.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -84,6 +33,7 @@ mod command;
 pub mod context;
 mod job_table;
 mod scopes;
+mod value;
 
 pub use command::{is_variable_name, CommandSpec};
 use job_table::apply_job_table;
@@ -92,7 +42,8 @@ pub use scopes::{ScopeSource, MAX_LISTED_SCOPES};
 /// Longest catch-up window: a year and a month of missed periods.
 pub const MAX_CATCH_UP: Duration = Duration::from_secs(400 * 86_400);
 
-/// What happens to a run whose lease expired (DESIGN.md §4.7).
+/// What happens to a run whose lease expired (`on_lease_expiry`, see
+/// `docs/operations.md` and the transitions of `docs/state_machine.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseExpiryPolicy {
     /// Back to PENDING with a new token; counts as an attempt.
@@ -142,21 +93,32 @@ pub struct JobConfig {
     pub skip_weekdays: Vec<Weekday>,
     /// A disabled job is not produced (manual `enqueue` still works).
     pub enabled: bool,
-    /// Item failures a run may count and still succeed (job kinds that
-    /// count item failures, e.g. undeliverable notifications); `None`: any.
+    /// Item failures a run may count and still succeed; `None` (the
+    /// default): any. Every job accepts the key, but only a kind that
+    /// counts failed items reads it; among the bundled kinds that is
+    /// `notification-send`.
     pub max_item_failures: Option<u64>,
     /// The keys a job kind takes besides the common ones, and their values.
     pub options: KindOptions,
     /// Set for a job that runs an external program (`command = [...]`).
+    /// The command-only keys are applied once `command` is known (see
+    /// [`CommandSpec`] and `docs/command-jobs.md` for their bounds).
     pub command: Option<CommandSpec>,
-    /// Partitions of each run (1: a whole run). Stored with the run when it
-    /// is enqueued, so changing it never splits an enqueued run another way.
+    /// Partitions of each run (1–256; 1: a whole run), leased apart
+    /// (`src/queue/partitions.rs`). Only a kind whose `default_config` sets
+    /// `partitionable`, or a command job, accepts more than 1. Stored with
+    /// the run when it is enqueued, so changing it never splits an
+    /// enqueued run another way.
     pub partitions: u16,
     /// Whether the kind can work on one partition of a run and has a final
     /// step (set by the kind's `default_config`; command jobs can).
     pub partitionable: bool,
-    /// Where a scoped job's scopes come from (`None`: one run per period).
-    /// The scope is part of each run's key, so it is fixed with the run.
+    /// Where a scoped job's scopes come from (`None`: one run per period):
+    /// a fixed list or a SQL query. A scoped job has one run per scope and
+    /// period, keyed `<job>:<period>@<scope>`; only a kind whose
+    /// `default_config` sets `scopable`, or a command job, accepts the key,
+    /// and a listed scope must leave the key within 120 characters. The
+    /// scope is part of each run's key, so it is fixed with the run.
     pub scopes: Option<ScopeSource>,
     /// Whether the kind can work on one scope's items alone (set by the
     /// kind's `default_config`; command jobs can).
@@ -164,7 +126,8 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
-    /// Why a business date is skipped by the calendar, if it is.
+    /// Why a business date is skipped by the calendar, if it is:
+    /// `skip_dates` is checked first, then `skip_weekdays`.
     pub fn skip_reason(&self, date: NaiveDate) -> Option<String> {
         calendar_skip_reason(date, &self.skip_dates, &self.skip_weekdays)
     }
@@ -191,6 +154,9 @@ pub fn calendar_skip_reason(
     None
 }
 
+/// No schedule, `covers = same-day`, `catch_up = 3d`, no skips,
+/// `enabled = true`, the policies of `docs/configuration.md`'s example, and
+/// no command, partitions or scopes.
 impl Default for JobConfig {
     fn default() -> Self {
         Self {
@@ -223,6 +189,14 @@ impl Default for JobConfig {
 /// A job kind's own configuration keys (e.g. notification-send's `sender`).
 /// The kind declares them in its default config; the file's values are
 /// checked at load time, so a typo or a bad value stops the process at start.
+///
+/// `apply_job_table` copies a key listed in `keys` into `values` as raw
+/// TOML, and after the loop runs `check` on `values`; an [`OptionError`]
+/// becomes a [`ConfigError`] naming `jobs.<name>.<key>`. The kind reads the
+/// values with [`KindOptions::str`], `int` and `duration`. A key that no
+/// kind lists is an unknown key, and the error lists the keys the table
+/// accepts. Like the rules between keys, the check runs only for a job with
+/// a table in the file; a kind's `default_config()` alone is not checked.
 #[derive(Debug, Clone, Default)]
 pub struct KindOptions {
     /// The keys the kind accepts.
@@ -347,6 +321,12 @@ impl Config {
     }
 
     /// Parses configuration text; `origin` names it in errors.
+    ///
+    /// A table named after a registered kind starts from the kind's
+    /// `default_config()`, with the table applied on top; such a table may
+    /// not have `command` (`give the command job a name of its own`). A
+    /// table whose name is not a registered kind is accepted only if it has
+    /// `command`, and it starts from `JobConfig::default()`.
     pub fn parse(
         text: &str,
         origin: &str,
@@ -439,7 +419,9 @@ impl Config {
     }
 }
 
-/// Parses a human duration such as `30s`, `5m`, `1h30m`; zero is rejected.
+/// Parses a human duration such as `30s`, `5m`, `1h30m` (humantime); zero
+/// is rejected. Only `chunk_pause` and `catch_up` accept a literal `"0"` or
+/// `"0s"`, which `job_table.rs` reads before calling this.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s.trim())
         .map_err(|_| format!("invalid duration {s:?} (use e.g. \"30s\", \"5m\", \"1h\")"))?;

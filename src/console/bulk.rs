@@ -24,7 +24,7 @@ use axum::Extension;
 use maud::{html, Markup};
 
 use super::html::{self, badge, encode, run_href};
-use super::pages::{opt, query_path, run_filter, RunsQuery};
+use super::run_query::{opt, query_path, run_filter, RunsQuery};
 use super::{db_error, refuse, refuse_act, App, Authed};
 use crate::clock::Clock;
 use crate::key::{JobKey, JobName};

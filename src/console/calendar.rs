@@ -33,6 +33,7 @@ use maud::{html, Markup};
 
 use super::chart::{self, Size};
 use super::html::{self, badge, encode, run_href};
+use super::run_query::opt;
 use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::{JobKey, JobName};
@@ -216,10 +217,6 @@ pub fn resolve(
 pub(crate) struct CalendarQuery {
     from: Option<String>,
     to: Option<String>,
-}
-
-fn opt(s: &Option<String>) -> Option<&str> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// The default range's first date: the later of the job's first period and

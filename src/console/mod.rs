@@ -11,6 +11,7 @@
 //! - `overview.rs`: every job's health (`queue::job_health`, what `status`
 //!   prints too) with the banners, refreshing itself.
 //! - `pages.rs`: runs, stale runs, audit log, workers.
+//! - `run_query.rs`: the run list's filter, which `bulk.rs` acts on too.
 //! - `calendar.rs`: a job's business periods, including missing ones, in
 //!   its time zone.
 //! - `chart.rs`: a job's newest runs as an inline SVG chart.
@@ -47,6 +48,7 @@ mod login;
 mod overview;
 mod pages;
 mod run_page;
+mod run_query;
 mod scopes_page;
 
 use std::net::SocketAddr;

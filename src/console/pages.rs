@@ -9,34 +9,18 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use chrono::NaiveDate;
 use maud::{html, Markup};
 
 use super::html::{self, age, at, at_opt, badge, encode, run_href};
+use super::run_query::{cursor, opt, query_path, run_filter, RunsQuery};
 use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::JobName;
-use crate::queue::{self, AuditFilter, RunCursor, RunFilter, RunStatus, StaleRun};
+use crate::queue::{self, AuditFilter, StaleRun};
 use crate::runtime::worker_registry;
 
 /// Rows per page of the run list and the audit log.
 const PAGE: u32 = 100;
-
-#[derive(serde::Deserialize, Default)]
-pub(crate) struct RunsQuery {
-    pub(super) job: Option<String>,
-    pub(super) status: Option<String>,
-    pub(super) from: Option<String>,
-    pub(super) to: Option<String>,
-    pub(super) key: Option<String>,
-    pub(super) scope: Option<String>,
-    /// The cursor: the last row of the previous page, `DATE|KEY`.
-    after: Option<String>,
-}
-
-pub(super) fn opt(s: &Option<String>) -> Option<&str> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
-}
 
 /// The first [`PAGE`] of `rows` (read as one more than a page), and whether
 /// there is more.
@@ -45,60 +29,6 @@ fn page_of<T>(rows: &[T]) -> (&[T], bool) {
         &rows[..rows.len().min(PAGE as usize)],
         rows.len() > PAGE as usize,
     )
-}
-
-/// `path?` with the given filters that are set, each percent-encoded, for
-/// paging links that keep the filter.
-pub(super) fn query_path(path: &str, filters: &[(&str, &Option<String>)]) -> String {
-    let mut out = format!("{path}?");
-    for (name, v) in filters {
-        if let Some(v) = opt(v) {
-            out.push_str(&format!("&{name}={}", encode(v)));
-        }
-    }
-    out
-}
-
-/// The filter a query asks for, or the one line saying what is wrong.
-pub(super) fn run_filter(q: &RunsQuery) -> Result<RunFilter, String> {
-    let date = |s: Option<&str>| -> Result<Option<NaiveDate>, String> {
-        s.map(|s| crate::key::parse_date(s).map_err(|e| e.to_string()))
-            .transpose()
-    };
-    Ok(RunFilter {
-        job: opt(&q.job)
-            .map(|j| JobName::parse(j).map_err(|e| e.to_string()))
-            .transpose()?,
-        status: opt(&q.status)
-            .map(|s| {
-                RunStatus::parse(s).ok_or_else(|| {
-                    format!(
-                        "unknown state {:?}: PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED",
-                        crate::text::truncate(s)
-                    )
-                })
-            })
-            .transpose()?,
-        from: date(opt(&q.from))?,
-        to: date(opt(&q.to))?,
-        key: opt(&q.key).map(|k| k.chars().take(120).collect()),
-        scope: opt(&q.scope)
-            .map(|s| crate::key::Scope::parse(s).map_err(|e| e.to_string()))
-            .transpose()?,
-    })
-}
-
-fn cursor(q: &RunsQuery) -> Result<Option<RunCursor>, String> {
-    let Some(after) = opt(&q.after) else {
-        return Ok(None);
-    };
-    let (d, k) = after
-        .split_once('|')
-        .ok_or_else(|| "bad page cursor".to_owned())?;
-    Ok(Some(RunCursor {
-        business_date: crate::key::parse_date(d).map_err(|e| e.to_string())?,
-        job_key: k.chars().take(120).collect(),
-    }))
 }
 
 /// Runs filtered by job, state, business date range and key, a page at a

@@ -34,7 +34,8 @@ use crate::clock::Clock;
 use crate::key::JobKey;
 use crate::text::truncate;
 
-/// An operator action (DESIGN.md §4.9).
+/// An operator action (`docs/state_machine.md`, "Operator transitions";
+/// how to use them: `docs/operations.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// RUNNING (stale or lease-expired; any with force) or PENDING with

@@ -1,4 +1,4 @@
-//! Sessions that hold the locks others wait for (issue 15, item 4).
+//! Sessions that hold the locks others wait for.
 //!
 //! A fenced transaction keeps its run row locked `FOR KEY SHARE` while its
 //! statements run, and every takeover (release, recovery, `runs fail`)
@@ -23,34 +23,6 @@
 //! Sessions are named by pid and transaction start (`xact_start`) together,
 //! so a pid the server has since given to another session, or a session
 //! that has moved on to another transaction, is never terminated.
-//!
-//! In detail: `FenceSessions` and `terminate_own` serve the worker (see `runtime/worker/`). `blockers_of(pid)`
-//! lists the sessions that `pg_blocking_pids` names for a session, each with the sessions that
-//! block it in turn, as `pg_stat_activity` shows them (`Session`: pid, `application_name`, user,
-//! backend type, state, transaction start and age, statement start and age, wait event, blocking
-//! pids, the first 200 characters of the query). `lock_wait(key, owner)` finds the owner's
-//! session that waits on a lock, preferring one known to work on the run: its `backend_xid` is
-//! the row's `xmax`, or the owner holds no other run. The row's `xmax` names its one locker only
-//! until a heartbeat locks the row too, after which it is a multixact, which SQL cannot tell from
-//! a transaction id. `act` runs an operator action in a transaction whose first statement sets
-//! `lock_timeout` and reads `pg_backend_pid()`. While the action runs, it asks `blockers_of`
-//! about that pid every 100 ms on a second connection. A lock timeout (SQLSTATE 55P03) becomes
-//! `ActError::Blocked` with the last sessions seen. With `terminate_blocker`, `act` first checks
-//! the action without the lock, because a refused action is not worth a terminated session. It
-//! then tries the action once more. As soon as that try waits for one of the same client sessions
-//! (pid and `xact_start`), `terminate_audited` commits a `terminate-blocker` audit row whose
-//! `detail` describes them and whose `target_pids`/`target_xact_starts` name them
-//! (`batchonce_operator_audit_terminate_sessions`, which accepts only sessions holding an open
-//! fence of the run, `batch_fence_held`). In a second transaction it then takes the row `FOR NO
-//! KEY UPDATE` (compatible with the fence's `FOR KEY SHARE`), has the database end them
-//! (`batchonce_operator_terminate(audit id)`: only sessions that committed row names, still in
-//! that transaction and holding the fence; the operator has no `pg_signal_backend`; a refusal,
-//! SQLSTATE 42501, is one clear error), and rolls back once they are
-//! gone and their worker's next statement waits behind it or the action, or after 1 s, clearing
-//! the `pg_stat_activity` snapshot (`pg_stat_clear_snapshot()`) before each look. Without that
-//! hold, a statement that arrived between the session's death and the woken action's re-lock
-//! needed no wait and took the row first: the worker's finish of its failed handler, a retry that
-//! left the run PENDING.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -267,7 +239,9 @@ const SESSION_COLUMNS: &str = "a.pid, a.application_name, a.usename::text AS use
     a.wait_event_type, a.wait_event, pg_blocking_pids(a.pid) AS blocking_pids, \
     left(a.query, 200) AS query";
 
-/// The sessions that block session `pid` now, each with its own blockers.
+/// The sessions that `pg_blocking_pids` names for session `pid` now, each
+/// with the sessions that block it in turn, as `pg_stat_activity` shows
+/// them (the query cut to its first 200 characters).
 pub async fn blockers_of(pool: &PgPool, pid: i32) -> Result<Vec<Blocker>, QueueError> {
     let sql = format!(
         r#"
@@ -499,6 +473,12 @@ pub enum ActError {
 /// the row, so PostgreSQL gives the row to it before anything the ended
 /// session's worker does next (its handler fails and would finish the
 /// attempt): the action meets the state it checked, not a retry's.
+///
+/// The action's transaction first sets `lock_timeout` and reads
+/// `pg_backend_pid()`; while it runs, [`blockers_of`] is asked about that
+/// pid every [`WATCH_EVERY`] on a second connection. A lock timeout
+/// (SQLSTATE 55P03) becomes [`ActError::Blocked`] with the last sessions
+/// seen. The termination itself is [`terminate_audited`]'s.
 pub async fn act(
     pool: &PgPool,
     req: &OperatorRequest,
@@ -681,6 +661,23 @@ fn sqlstate(e: &sqlx::Error) -> Option<&str> {
 /// terminates those still in the transaction they were seen in, while the
 /// action (session `action`) waits for the row. Returns the sessions
 /// terminated.
+///
+/// The audit row's `detail` describes the sessions and its
+/// `target_pids`/`target_xact_starts` name them
+/// (`batchonce_operator_audit_terminate_sessions`, which accepts only
+/// sessions holding an open fence of the run, `batch_fence_held`). In a
+/// second transaction it takes the row `FOR NO KEY UPDATE` (compatible
+/// with the fence's `FOR KEY SHARE`), has the database end them
+/// (`batchonce_operator_terminate(audit id)`: only sessions that the
+/// committed row names, still in that transaction and holding the fence;
+/// the operator has no `pg_signal_backend`; a refusal, SQLSTATE 42501, is
+/// one clear error), and rolls back once they are gone and their worker's
+/// next statement waits behind it or the action, or after 1 s, clearing the
+/// `pg_stat_activity` snapshot (`pg_stat_clear_snapshot()`) before each
+/// look. Without that hold, a statement that arrived between the session's
+/// death and the woken action's re-lock needed no wait and took the row
+/// first: the worker's finish of its failed handler, a retry that left the
+/// run PENDING.
 async fn terminate_audited(
     pool: &PgPool,
     req: &OperatorRequest,

@@ -233,7 +233,8 @@ pub struct Recovered {
     pub status: RunStatus,
 }
 
-/// Lease-expiry recovery (DESIGN.md §4.7) for runs of `jobs` whose stored
+/// Lease-expiry recovery (`docs/operations.md`, "What happens without an
+/// operator: `on_lease_expiry`") for runs of `jobs` whose stored
 /// policy is `retry`: a RUNNING run whose lease expired goes back to PENDING
 /// with a new token, or to FAILED when that was its last attempt. The token
 /// bump fences the old holder. A run the previous release enqueued stores no

@@ -1,39 +1,22 @@
-//! Leases: claiming runs, heartbeating them, and the fenced transaction
-//! through which a lease holder writes. A write outside a live lease is
-//! impossible by construction: `begin_fenced` locks the run row and checks
-//! the token first.
+//! Leases: claiming runs ([`claim`]), heartbeating them ([`heartbeat`]), and
+//! the fenced transaction through which a lease holder writes
+//! ([`begin_fenced`], [`FencedTx`]).
 //!
-//! - `claim` claims runs and inserts their attempt rows in one statement, the database function
-//!   `batchonce_claim3`. Its pick takes the due runs from their list `batch_job_due` (migration
-//!   20261207000001) through its index `batch_job_due_claim_idx` in claim order, stops at the limit,
-//!   locks with `SKIP LOCKED` and deletes the entries it takes, within the claim's own statement:
-//!   a pick in a function of its own read with a newer snapshot than the claim's update, which then
-//!   missed a run enqueued in between while its entry was gone. The claim takes a picked run only
-//!   if its row still says PENDING, and keeps `batch_job_running` in step itself.
-//!   The function runs with `enable_seqscan`, `enable_bitmapscan` and `enable_sort` off (migration
-//!   20261207000002): under statistics taken while the list was empty, the usual state of a quiet
-//!   system, the planner read and sorted every due entry on each claim (18 ms a claim at the start
-//!   of a 60,000-run drain; quadratic over an outage's backlog), and `tests/plans.rs` checks that
-//!   the claim reads about what it takes under custom and generic plans. The claim then updates the picked runs by an array of keys (`job_key =
-//!   ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the whole table either. It
-//!   also sets `heartbeat_processed = processed_count`, so the items of earlier attempts never look
-//!   like progress of the new one in `stale_runs`.
-//! - `heartbeat` extends all of a process's leases in one statement, reporting each as extended,
-//!   busy or lost. It also copies each extended run's `processed_count` into `heartbeat_processed`.
-//!   `FencedTx::commit` does not set that column, so `processed_count > heartbeat_processed` means
-//!   the run advanced since its last heartbeat statement.
-//! - `begin_fenced` opens a `FencedTx`, which holds the run row locked. It first sets
-//!   `idle_in_transaction_session_timeout` for that transaction alone (`set_config(…, true)`) to
-//!   twice the run's lease, at least `MIN_FENCED_IDLE` (10 s): the session-wide value of
-//!   `db::connect_worker` follows the longest lease of every kind the worker runs (60 s beside the
-//!   default kinds, which `workers/tests/hosts.rs` ran into with a 2 s lease) and cannot be sent
-//!   through PgBouncer. `FencedTx::commit` updates the counters, extends the lease from
-//!   `clock_timestamp()` (the commit, not the transaction's start) and commits the items. The fence
-//!   query also returns `pg_backend_pid()` and `now()`, the session and transaction it runs in
-//!   (`FencedTx::session`, a `blockers::SessionTx`); `FencedTx::track` lists them in a
-//!   `blockers::FenceSessions` until the transaction ends, which `JobContext::fenced` does for the
-//!   worker. Through PgBouncer the pid is the server's, and one transaction keeps one server
-//!   connection.
+//! Invariants:
+//!
+//! - A write outside a live lease is impossible by construction:
+//!   `begin_fenced` locks the run row and checks the token first, and
+//!   `FencedTx::commit` extends the lease from `clock_timestamp()` (the
+//!   commit, not the transaction's start) as it commits the items.
+//! - Concurrent claimers never take the same run: the pick locks with `SKIP
+//!   LOCKED`, and the claim takes a picked run only if its row still says
+//!   PENDING.
+//! - A claim reads about what it takes, never the whole due list or run
+//!   table, under custom and generic plans alike (`tests/plans.rs`).
+//! - `processed_count > heartbeat_processed` means the run advanced since
+//!   its last heartbeat statement: a claim sets `heartbeat_processed =
+//!   processed_count`, so earlier attempts' items never look like progress,
+//!   the heartbeat copies it, and `FencedTx::commit` does not set it.
 
 use std::time::Duration;
 
@@ -93,6 +76,24 @@ impl Lease {
 /// Claims up to `limit` due PENDING runs in one statement: `SKIP LOCKED` keeps
 /// concurrent claimers off each other's rows, every claim draws a new token
 /// from the sequence, and the attempt row is written by the same statement.
+///
+/// The statement is the database function `batchonce_claim3`. Its pick
+/// takes the due runs from their list `batch_job_due` (migration
+/// 20261207000001) through its index `batch_job_due_claim_idx` in claim
+/// order, stops at the limit, locks with `SKIP LOCKED` and deletes the
+/// entries it takes, within the claim's own statement: a pick in a function
+/// of its own read with a newer snapshot than the claim's update, which
+/// then missed a run enqueued in between while its entry was gone. The
+/// claim keeps `batch_job_running` in step itself. The function runs with
+/// `enable_seqscan`, `enable_bitmapscan` and `enable_sort` off (migration
+/// 20261207000002): under statistics taken while the list was empty, the
+/// usual state of a quiet system, the planner read and sorted every due
+/// entry on each claim, quadratic over an outage's backlog. The claim then
+/// updates the picked runs by an array of keys (`job_key =
+/// ANY(ARRAY(SELECT …))`), not a join, so the cached plan cannot hash the
+/// whole table either. It also sets `heartbeat_processed =
+/// processed_count`, so the items of earlier attempts never look like
+/// progress of the new one in `stale_runs`.
 pub async fn claim(
     pool: &PgPool,
     worker_id: &str,
@@ -164,7 +165,9 @@ pub struct HeartbeatReport {
 /// FOR KEY SHARE lock does not stop it, so a chunk, or a command job's
 /// script, that keeps its fence for most of the lease keeps its lease; a row
 /// whose update lock another statement holds is skipped rather than waited
-/// for, so one run never stalls the heartbeats of the others.
+/// for, so one run never stalls the heartbeats of the others. It reports
+/// each lease as extended, busy or lost, and copies each extended run's
+/// `processed_count` into `heartbeat_processed`.
 pub async fn heartbeat(
     pool: &PgPool,
     held: &[HeldLease],
@@ -233,6 +236,18 @@ impl std::fmt::Debug for FencedTx {
 pub const MIN_FENCED_IDLE: Duration = Duration::from_secs(10);
 
 /// Opens a fenced transaction, or fails with [`QueueError::LeaseLost`].
+///
+/// It first sets `idle_in_transaction_session_timeout` for that transaction
+/// alone (`set_config(…, true)`) to twice the run's lease, at least
+/// [`MIN_FENCED_IDLE`]: the session-wide value of `db::connect_worker`
+/// follows the longest lease of every kind the worker runs (60 s beside the
+/// default kinds, which `workers/tests/hosts.rs` ran into with a 2 s lease)
+/// and cannot be sent through PgBouncer. The fence query also returns
+/// `pg_backend_pid()` and `now()`, the session and transaction it runs in
+/// (`FencedTx::session`, a `blockers::SessionTx`); `FencedTx::track` lists
+/// them in a `blockers::FenceSessions` until the transaction ends, which
+/// `JobContext::fenced` does for the worker. Through PgBouncer the pid is
+/// the server's, and one transaction keeps one server connection.
 pub async fn begin_fenced(
     pool: &PgPool,
     fence: &Fence,

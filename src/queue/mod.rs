@@ -1,58 +1,35 @@
-//! The queue layer: every statement on `batch_job_run` and `batch_job_attempt`,
-//! and the writes to `batch_operator_action` and `batch_job_declared`. Nothing outside this folder
-//! writes those tables; the runtime, the operator tools and the command line
-//! call these functions.
+//! The queue layer: every statement on `batch_job_run` and
+//! `batch_job_attempt`, and the writes to `batch_operator_action` and
+//! `batch_job_declared`. Nothing outside this folder writes those tables; the
+//! runtime, the operator tools and the command line call these functions.
+//! The states and transitions of a run are in `docs/state_machine.md`.
 //!
-//! Every state change is one conditional statement whose `WHERE` names the
-//! state it expects (and, for a worker, its lease token), so two actors
-//! racing on one run can never both win. All times come from the [`Clock`](crate::clock::Clock),
-//! which is the database's `now()` outside tests.
+//! Invariants:
 //!
-//! This layer must never read a configuration file to decide about a run
-//! already enqueued (every policy it applies is the one stored with the run),
-//! never sleep or retry on its own (the caller owns timing), and never know a
-//! job kind.
+//! - Every state change is one conditional statement whose `WHERE` names the
+//!   state it expects (and, for a worker, its lease token), so two actors
+//!   racing on one run can never both win.
+//! - All times come from the [`Clock`](crate::clock::Clock), which is the
+//!   database's `now()` outside tests.
+//! - This layer never reads a configuration file to decide about a run
+//!   already enqueued (every policy it applies is the one stored with the
+//!   run), never sleeps or retries on its own (the caller owns timing; see
+//!   [`QueueError::is_transient`]), and never knows a job kind.
 //!
-//! The files, one concern each:
-//!
-//! - `enqueue.rs`: inserting runs (duplicates are no-ops) and deleting a
-//!   `preflight` scratch run.
-//! - `lease.rs`: claim, heartbeat and the fenced transaction.
-//! - `finish.rs`: ending attempts in batches, backoff, lease-expiry recovery.
-//! - `actions.rs`: the audited operator actions `fail`, `rerun` and `skip`.
-//! - `archive.rs`: retention: moving finished runs and their attempts to
-//!   the archive tables in audited batches, and reading an archived run.
-//! - `blockers.rs`: sessions that hold locks others wait for, and the way
-//!   through them (lock timeout, audited termination).
-//! - `operator_enqueue.rs`: an operator's audited enqueue of a job's
-//!   missing periods (the console), and whether a job or a key exists.
-//! - `declared.rs`: `batch_job_declared`, the jobs `migrate` declares (a
-//!   non-owner's enqueue must match them; the migration checks).
-//! - `expected.rs`: the periods a job's stored schedule made due (declared,
-//!   else recorded by a producer), and the window MISSING periods are in.
-//! - `health.rs`: each job's MISSING, overdue, FAILED, stale, PENDING and
-//!   RUNNING runs, who serves it, and the banners: the one answer the
-//!   console's overview and `status` print.
-//! - `context.rs`: the run-context columns (binding them at enqueue, reading
-//!   them back, `freeze_held` for a claimed run without one,
-//!   `legacy_runs`/`freeze_legacy` for `migrate`).
-//! - `pause.rs`: paused jobs (`batch_job_pause`): pause and resume through
-//!   the audited functions, and the list of paused jobs.
-//! - `partitions.rs`: partitioned runs: the `Step` a lease is for and a
-//!   parent's partitions (the rules live in the migration's trigger).
-//! - `runs.rs`: `runs list`, `runs show` and a run's operator history.
-//! - `scopes.rs`: how many scopes of a scoped job's period are in each
-//!   state, and which (`status`, the console).
-//! - `search.rs`: the console's filtered, keyset-paged run lists, each job's
-//!   newest run, and the audit log.
-//! - `views.rs`: `status`, `stale_runs` and the exporter's `gauges`, which
-//!   share one SQL rule for what is stale (`LIVE`), from each run's stored
-//!   policies and never from a configuration file (a run without stored
-//!   policies is judged by the engine's defaults); `status` lists exactly
-//!   the runs `stale_runs` returns, with their conclusions.
-//!
-//! `QueueError::is_transient` classifies connection trouble, shutdown,
-//! serialization failures and deadlocks as worth retrying.
+//! The files, one concern each (each file's own documentation says more):
+//! `enqueue.rs` inserting runs; `lease.rs` claim, heartbeat and the fenced
+//! transaction; `finish.rs` ending attempts, backoff, lease-expiry recovery;
+//! `actions.rs` the audited operator actions; `archive.rs` retention;
+//! `blockers.rs` sessions that hold locks others wait for, and the way
+//! through them; `operator_enqueue.rs` an operator's audited enqueue of
+//! missing periods; `declared.rs` the jobs `migrate` declares; `expected.rs`
+//! the periods a stored schedule made due; `health.rs` each job's health, the
+//! one answer of the console's overview and `status`; `context.rs` the
+//! run-context columns; `pause.rs` paused jobs; `partitions.rs` partitioned
+//! runs; `runs.rs` `runs list`, `runs show` and a run's operator history;
+//! `scopes.rs` scope counts of a scoped job's period; `search.rs` the
+//! console's run lists and audit log; `views.rs` `status`, `stale_runs` and
+//! the exporter's `gauges`, which share one SQL rule for what is stale.
 
 mod actions;
 mod archive;
@@ -146,7 +123,7 @@ pub enum QueueError {
 
 impl QueueError {
     /// Whether retrying the same call later may succeed (connection trouble,
-    /// a restarting server, serialization failures).
+    /// a restarting server, shutdown, serialization failures, deadlocks).
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Database(e) => is_transient(e),
@@ -179,7 +156,7 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
-/// The states of a run (DESIGN.md §2).
+/// The states of a run (`docs/state_machine.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RunStatus {
     Pending,

@@ -1,48 +1,27 @@
-//! Read views of the queue for operators: `status`, `runs stale` and the
-//! exporter's gauges. They share one rule for what is stale ([`LIVE`]),
-//! computed only from what the database holds: each run's stored
-//! `stale_after`, lease length and lease-expiry policy. No view reads the
-//! reader's configuration file, so every view gives the same answer
-//! whatever file the operator has, or none. A run the previous release
-//! enqueued without a context (until `batchonce migrate` or a claiming
-//! worker freezes one) is judged by the engine's defaults
-//! ([`JobConfig::default`]: stale after 20 minutes, a 30-second lease,
-//! policy `retry`), never by a file.
+//! Read views of the queue for operators: `status`, `runs stale`
+//! ([`stale_runs`]) and the exporter's gauges ([`gauges`]).
 //!
-//! - `stale_runs(clock)` lists the RUNNING runs that started more than their stored `stale_after`
-//!   ago, or whose lease expired under their stored policy `hold` (a run without stored policies:
-//!   the engine's defaults, never a file). `status` lists exactly these, with their conclusions.
-//!   Each `StaleRun` carries the evidence: attempt, owner, seconds running, whether the lease
-//!   expired, heartbeat age, `processed_count` and whether it advanced since the last heartbeat,
-//!   the owner's `batch_worker.last_seen` and its age, and whether `pg_stat_activity` has a session
-//!   in the current database (`datname = current_database()`) whose `application_name` is the
-//!   owner. Its conclusion is `blocked` when a session of the owner waits on a lock
-//!   (`blockers::lock_wait`, whose `LockWait` the `StaleRun` carries as `lock_wait` with the
-//!   blocking sessions), before any other; `alive-slow` when that session is connected and the
-//!   heartbeat is younger than `lease_ttl`, `dead` when there is no session and neither the
-//!   heartbeat nor `last_seen` is younger than `lease_ttl`, and `unknown` otherwise.
-//! - `gauges(pool, also, clock)` reads, in one statement, everything the exporter publishes for
-//!   every job the database knows (the distinct `job_name`s of `batch_job_run` by a loose index
-//!   scan, those of `batch_process_config`) and each of `also`: runs per status (every `RunStatus`,
-//!   zeros included), the age of the oldest due PENDING run (0 when none), stale runs by the same
-//!   rule as `stale_runs`, when the job last succeeded as Unix time (`None` if never), the
-//!   newest `finished_at` of the runs FAILED now (0 when none), the newest `period_start` done
-//!   (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every scope of it is done),
-//!   the most `attempts` among PENDING and RUNNING runs, RUNNING runs with an expired lease, and
-//!   the scoped runs of the job's newest scoped period per status with that period's start, and
-//!   how long the job has been paused (`batch_job_pause`; a paused job is reported even without
-//!   runs). A job without runs gets zeros, so the alert rules always see a series. A paused
-//!   job's PENDING runs are counted, but their due entries are held at 9999-12-31, so none of
-//!   them is the oldest due PENDING run (here and in `status`): the pause gauges say why they
-//!   wait.
-//! - Every view here costs what is open and what it shows, never the ledger's history
-//!   (`tests/ledger_views.rs`): counts come from the lists of PENDING, RUNNING and FAILED runs and
-//!   from `batch_job_tally` ([`COUNTS`], migration 20261209000001), every run is read by its key,
-//!   and a job's newest done or scoped period by reading its runs newest first.
-//! - The registry's rows are written by every worker and producer login, so one may be absurd
-//!   (issue 42, item 5). [`WORKER_PROBLEM`] and [`CONFIG_PROBLEM`] are the one rule every view
-//!   applies: a row they fault is left out of `status`, `runs stale`, the exporter and the
-//!   console alike, and [`registry_problems`] lists it (process id and why) for each view to
+//! Invariants:
+//!
+//! - They share one rule for what is stale ([`LIVE`]), computed only from
+//!   what the database holds: each run's stored `stale_after`, lease length
+//!   and lease-expiry policy. No view reads the reader's configuration file,
+//!   so every view gives the same answer whatever file the operator has, or
+//!   none. A run the previous release enqueued without a context (until
+//!   `batchonce migrate` or a claiming worker freezes one) is judged by the
+//!   engine's defaults ([`JobConfig::default`]: stale after 20 minutes, a
+//!   30-second lease, policy `retry`), never by a file.
+//! - Every view here costs what is open and what it shows, never the
+//!   ledger's history (`tests/ledger_views.rs`): counts come from the lists
+//!   of PENDING, RUNNING and FAILED runs and from `batch_job_tally`
+//!   ([`COUNTS`], migration 20261209000001), every run is read by its key,
+//!   and a job's newest done or scoped period by reading its runs newest
+//!   first.
+//! - The registry's rows are written by every worker and producer login, so
+//!   one may be absurd. [`WORKER_PROBLEM`] and [`CONFIG_PROBLEM`] are the one
+//!   rule every view applies: a row they fault is left out of `status`,
+//!   `runs stale`, the exporter and the console alike, and
+//!   [`registry_problems`] lists it (process id and why) for each view to
 //!   report.
 
 use chrono::{DateTime, Utc};
@@ -340,7 +319,14 @@ pub async fn status(pool: &PgPool, clock: Clock) -> Result<QueueStatus, QueueErr
 }
 
 /// A RUNNING run past its `stale_after`, or with an expired lease under
-/// policy `hold`, with the evidence an operator needs (DESIGN.md §4.8).
+/// policy `hold`, with the evidence an operator needs (how to read it:
+/// `docs/operations.md`): attempt, owner, seconds running, whether the
+/// lease expired, heartbeat age, `processed_count` and whether it advanced
+/// since the last heartbeat, the owner's `batch_worker.last_seen` and its
+/// age, whether `pg_stat_activity` has a session in the current database
+/// (`datname = current_database()`) whose `application_name` is the owner,
+/// and, for `blocked`, the owner's waiting session and the sessions
+/// blocking it (`lock_wait`, from `blockers::lock_wait`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StaleRun {
     pub job_key: String,
@@ -370,7 +356,11 @@ pub struct StaleRun {
 /// is recent),
 /// `dead` (no session, no heartbeat within the lease ttl, worker not seen
 /// within it either), `unknown` (the evidence disagrees: look closer).
-/// `status` lists exactly these runs.
+/// `blocked` comes before any other conclusion; `alive-slow` needs a
+/// heartbeat younger than `lease_ttl`, and `dead` neither a heartbeat nor a
+/// `last_seen` younger than `lease_ttl`. A run without stored policies is
+/// judged by the engine's defaults, never a file. `status` lists exactly
+/// these runs.
 pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, QueueError> {
     let sql = format!(
         r#"
@@ -485,6 +475,21 @@ pub struct JobGauges {
 /// process registered, and each of `also` (with zeros when it has no runs
 /// yet, so alerts see a series). Stale runs follow the rule of
 /// [`stale_runs`].
+///
+/// Per job: runs per status (every `RunStatus`, zeros included), the age of
+/// the oldest due PENDING run (0 when none), stale runs, when the job last
+/// succeeded as Unix time (`None` if never), the newest `finished_at` of
+/// the runs FAILED now (0 when none), the newest `period_start` done
+/// (SUCCEEDED or SKIPPED) that has begun (a scoped period only once every
+/// scope of it is done), the most `attempts` among PENDING and RUNNING
+/// runs, RUNNING runs with an expired lease, the scoped runs of the job's
+/// newest scoped period per status with that period's start, and how long
+/// the job has been paused (`batch_job_pause`; a paused job is reported
+/// even without runs). The jobs with runs are the distinct `job_name`s of
+/// `batch_job_run`, found by a loose index scan. A paused job's PENDING
+/// runs are counted, but their due entries are held at 9999-12-31, so none
+/// of them is the oldest due PENDING run (here and in `status`): the pause
+/// gauges say why they wait.
 pub async fn gauges(
     pool: &PgPool,
     also: &[JobName],

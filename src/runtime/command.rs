@@ -1,117 +1,39 @@
 //! Command jobs: a job declared in `batchonce.toml` with `command = [...]`
 //! runs that program as its handler, so a batch script in any language runs
-//! exactly once per key without being rewritten. This module owns the
-//! program's attempt: its environment (the run's identity and lease token,
-//! and of the worker's own only what the configuration names, see
+//! exactly once per key without being rewritten. What the program sees (its
+//! environment, the exit codes, timeout, shutdown, lease loss, output) is
+//! the contract of `docs/command-jobs.md`.
+//!
+//! This module owns the program's attempt: its environment (built by
 //! [`environment`], so the worker's secrets stay in the worker), its output
-//! (every line into the worker's logs), the exit-code contract, the
-//! timeout, and when its process group is stopped (SIGTERM and
-//! `kill_grace` on shutdown or timeout, SIGKILL at once when the lease is
-//! lost). The program runs under a supervisor ([`crate::runtime::supervisor`]) that
-//! this module keeps renewing from the lease's confirmed extensions, so it is
-//! killed before the lease can expire even if this worker cannot act.
+//! (every line into the worker's logs, `forward`), the exit-code contract
+//! (`map_exit`), the timeout, and when its process group is stopped.
+//! [`register_commands`] adds a [`CommandJob`] for every configured command
+//! job; a `CommandJob`'s `default_config()` is the job's parsed
+//! configuration, and it has no migrations and no demo.
 //!
-//! Exit codes: 0 SUCCEEDED; `skipped_exit_code` (default 3) SKIPPED, with the
-//! last line the program printed as the reason; `fatal_exit_codes` (default
-//! 2, 126, 127) FAILED at once; anything else, a signal or the timeout: retry
-//! with backoff until `max_attempts`.
+//! Invariants:
 //!
-//! `run_as_user` (and `run_as_group`): the account is resolved before
-//! anything starts ([`isolation::resolve`]); a user that does not exist,
-//! root, the worker's own user, or a worker without the privilege to switch
-//! is `Fatal`, and the program never starts, as the worker's user or any
-//! other. The supervisor switches the program's process
-//! (`supervisor::command_as`); a switch that fails, or a working directory
-//! the user cannot search, fails the spawn, `Fatal` with the user named.
-//!
-//! Command jobs: a job declared in `batchonce.toml` with `command = [...]` runs an external program
-//! as its handler.
-//!
-//! - `register_commands(registry, config)` adds a `CommandJob` for every configured job that has a
-//!   `command` and is not already registered. `cli::dispatch` calls it right after loading the
-//!   configuration, so every command sees these jobs. A `CommandJob`'s `default_config()` is the
-//!   job's parsed configuration; it has no migrations and no demo.
-//! - `environment(spec, run_variables(ctx), &worker_environment())` is the environment contract,
-//!   and the program's whole environment: nothing is inherited. From the worker's environment
-//!   (`worker_environment`, its UTF-8 variables) only `BASE_ENV` (`PATH`, `HOME`, `LANG`,
-//!   `LANGUAGE`, `TZ`, `TMPDIR`, `USER`, `LOGNAME`), every `LC_*` and the names of `pass_env`; over
-//!   them the job's `env` table; over that `run_variables`: `BATCHONCE_JOB_KEY`,
-//!   `BATCHONCE_JOB_NAME`, `BATCHONCE_BUSINESS_DATE`, `BATCHONCE_ATTEMPT`, `BATCHONCE_LEASE_TOKEN`,
-//!   `BATCHONCE_WORKER_ID`, `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START`, `BATCHONCE_PERIOD_END`,
-//!   `BATCHONCE_PAYLOAD`, `BATCHONCE_LEASE_TTL_MS`, `PGAPPNAME`, and the step (`BATCHONCE_STEP`:
-//!   `whole`, `partition` or `final`; `BATCHONCE_PARTITION` and `BATCHONCE_PARTITIONS` for a
-//!   partitioned run); `BATCHONCE_SCOPE` for a scoped run; and, only with `database_url_env`, the value of the worker's variable
-//!   it names as `BATCHONCE_DATABASE_URL` and `DATABASE_URL`. That variable unset or blank is
-//!   `EnvError::DatabaseUrlUnset`, which `run_command` makes `Fatal` before anything starts. The
-//!   worker's own `DATABASE_URL`, `BATCHONCE_LISTEN_URL` and tokens therefore never reach a program
-//!   unless the configuration names them.
-//! - `run_command` starts the program under a supervisor (`src/runtime/supervisor.rs`, below):
-//!   `supervisor::command` re-invokes the worker's own image with the program's argv, in
-//!   `working_dir` if set, with stdout and stderr piped to the worker; `Supervised::start` sends
-//!   the program's environment and the first deadline and waits for its pid. The program runs
-//!   directly (no shell), with stdin from `/dev/null`, in its own process group. Every lease
-//!   renewal the context publishes becomes a new deadline, `sent + ttl − ttl/4`
-//!   (`program_deadline`), for as long as the program runs, `kill_grace` included. Dropping the
-//!   `Supervised` handle (the handler returns, panics or is aborted by the worker) sends `kill`,
-//!   closes the socket, and SIGKILLs the group from the worker too. The handler waits for the
-//!   program's end, for `timeout`, or for cancellation:
-//! - On exit, the supervisor has already killed what was left in the group, and the real status
-//!   (code or signal) is mapped with `map_exit`: 0 is `Succeeded`; `skipped_exit_code` is `Skipped`,
-//!   with the last stdout line as the reason (a generic one if that line is blank or there is none);
-//!   a code in `fatal_exit_codes` is `Fatal`; any other code, or a death by signal, is `Retryable`.
-//! - If the supervisor reports `expired` (it killed the program because no renewal came in time),
-//!   the attempt is `Retryable` (`` `x` was killed by the supervisor: the worker stopped renewing its
-//!   lease… ``); if the supervisor vanished without a report, the worker SIGKILLs the group and the
-//!   attempt is `Retryable`.
-//! - On timeout, `terminate` sends `term` (SIGTERM to the group), then `kill` (SIGKILL) after
-//!   `kill_grace`, and the attempt is `Retryable`.
-//! - On cancellation with `ctx.is_lease_lost()`, the group gets SIGKILL at once and the handler
-//!   returns `LeaseLost`. On cancellation by a shutdown, `terminate` stops the group as on a timeout
-//!   and the handler returns `Cancelled`, which the worker turns into a release.
-//! - `spawn_error` makes a program that is not found or not executable `Fatal`, since another
-//!   attempt would find the same, and any other spawn error `Retryable`. The supervisor reports the
-//!   program's spawn error with its errno, so the mapping is the same as when the worker spawned
-//!   the program itself. A supervisor that does not report `started` within 5 s
-//!   (`supervisor::START_TIMEOUT`), or exits first, fails the attempt with a retryable error naming
-//!   the likely cause: a binary that runs the worker without calling
-//!   `supervisor::run_if_invoked()`.
-//! - `forward` logs every line of stdout and stderr as an info event `command output` (`job_key`,
-//!   `attempt`, `stream`, `line`), reading with `read_line_capped`, which keeps at most 16 KiB of a
-//!   line (cut on a char boundary) so a program printing without newlines cannot grow the worker's
-//!   memory. It keeps the last 8 lines, which `with_tail` appends to a failure's error message
-//!   (`last output: …`), and the last stdout line, the reason of a skip. `command started` and
-//!   `command ended` frame the output.
-//!
-//! The worker cannot see the program's database writes. The program fences them itself with
-//! `batchonce_fence`, and the run's `processed_count` stays 0. Its lease is extended by the
-//! worker's heartbeat, which the program's fence (`FOR KEY SHARE`) does not block, so a program
-//! that keeps each fenced transaction shorter than the lease keeps its lease however long it runs
-//! (`workers/tests/command_lease.rs`, at 50 % and 90 % of the lease). The program also gets its
-//! run's context: `BATCHONCE_TIMEZONE`, `BATCHONCE_PERIOD_START` and `BATCHONCE_PERIOD_END` come
-//! from the run, not the worker's file.
-//!
-//! `src/runtime/supervisor.rs` owns the supervisor: a small process between the worker and the program,
-//! which is the worker's own image (`/proc/self/exe`, so a binary replaced by a deploy still speaks
-//! the same protocol) started with the hidden first argument `__batchonce-supervise` and an empty
-//! environment (`supervisor::command` clears it: the supervisor reads none, and the worker's holds
-//! secrets). `cli::main` calls `supervisor::run_if_invoked()` first thing, and a binary that runs
-//! the worker without `cli::main` must too. The module owns both ends (`run_if_invoked` and the
-//! worker's `Supervised` handle) and their line protocol on a socket pair that is the supervisor's
-//! stdin: from the worker `env <json>`, `renew <ms>` (the deadline becomes the supervisor's
-//! monotonic now plus ms; the first one starts the program), `term` and `kill`; from the supervisor
-//! `started <pid>` or `failed <errno> <message>`, then `exit <code>`, `signal <n>` or `expired`.
-//! The supervisor SIGKILLs the program's group when the deadline passes, on `kill`, on end of file
-//! (the worker died or dropped its handle) and, before its last report, after the program has
-//! ended. It blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP, so it acts only on its socket and
-//! its deadline: a ^C or a service manager's SIGTERM does not skip the worker's `kill_grace`, and a
-//! ^Z that stops the worker does not stop it. The program gets the signal mask the supervisor
-//! inherited, exactly the environment of the `env` line (`env_clear` first), and `PR_SET_PDEATHSIG
-//! = SIGKILL` tied to the supervisor, checked against a supervisor that died before `prctl`. An
-//! unreadable control line is named by `describe_line` (its first word and length) in the `failed`
-//! report and on stderr, never quoted, and `Control`'s `Debug` shows an `env` line's names only,
-//! since the line carries the program's credentials. The socket pair rather than a pipe on fd 3
-//! keeps the supervisor free of raw file descriptors (no `unsafe` but the `pre_exec` hook), and
-//! lets tests drive it by hand.
+//! - The program runs under a supervisor ([`crate::runtime::supervisor`])
+//!   that this module keeps renewing from the lease's confirmed extensions
+//!   (`program_deadline`), so it is killed before the lease can expire even
+//!   if this worker cannot act.
+//! - A lost lease SIGKILLs the program's group at once; a timeout or a
+//!   shutdown sends SIGTERM, then SIGKILL after `kill_grace`; on exit,
+//!   whatever was left in the group is killed.
+//! - With `run_as_user` (and `run_as_group`), the account is resolved before
+//!   anything starts ([`isolation::resolve`]). A user that does not exist,
+//!   root, the worker's own user, or a worker without the privilege to switch
+//!   is `Fatal`, and the program never starts, as the worker's user or any
+//!   other. The supervisor switches the program's process
+//!   (`supervisor::command_as`); a switch that fails, or a working directory
+//!   the user cannot search, fails the spawn, `Fatal` with the user named.
+//! - The worker cannot see the program's database writes: the program fences
+//!   them itself with `batchonce_fence` and reports its items with
+//!   `batchonce_progress`. Its lease is extended by the worker's heartbeat,
+//!   which the program's fence (`FOR KEY SHARE`) does not block, so a program
+//!   that keeps each fenced transaction shorter than the lease keeps its
+//!   lease however long it runs (`workers/tests/command_lease.rs`).
 
 use std::collections::VecDeque;
 use std::process::Stdio;
@@ -216,6 +138,37 @@ fn program_deadline(renewal: LeaseRenewal) -> Instant {
     renewal.expires_no_earlier_than() - renewal.ttl / 4
 }
 
+/// One attempt of the program, under a supervisor.
+///
+/// `supervisor::command` re-invokes the worker's own image with the
+/// program's argv, in `working_dir` if set, with stdout and stderr piped to
+/// the worker; `Supervised::start` sends the program's environment and the
+/// first deadline and waits for its pid. The program runs directly (no
+/// shell), with stdin from `/dev/null`, in its own process group. Every
+/// lease renewal the context publishes becomes a new deadline
+/// ([`program_deadline`]) for as long as the program runs, `kill_grace`
+/// included. Dropping the `Supervised` handle (the handler returns, panics
+/// or is aborted by the worker) sends `kill`, closes the socket, and
+/// SIGKILLs the group from the worker too. `database_url_env` naming a
+/// variable that is unset or blank (`EnvError::DatabaseUrlUnset`) is
+/// `Fatal` before anything starts.
+///
+/// The handler then waits for the program's end, for `timeout`, or for
+/// cancellation:
+/// - on exit, the real status (code or signal) goes to [`map_exit`];
+/// - if the supervisor reports `expired` (no renewal came in time), the
+///   attempt is `Retryable` (`` `x` was killed by the supervisor: the worker
+///   stopped renewing its lease… ``); if the supervisor vanished without a
+///   report, the worker SIGKILLs the group and the attempt is `Retryable`;
+/// - on timeout, [`terminate`], and the attempt is `Retryable`;
+/// - on cancellation with `ctx.is_lease_lost()`, SIGKILL to the group at
+///   once and `LeaseLost`; on cancellation by a shutdown, [`terminate`] and
+///   `Cancelled`, which the worker turns into a release.
+///
+/// A supervisor that does not report `started` within
+/// `supervisor::START_TIMEOUT` (5 s), or exits first, fails the attempt
+/// with a retryable error naming the likely cause: a binary that runs the
+/// worker without calling `supervisor::run_if_invoked()`.
 async fn run_command(
     spec: &CommandSpec,
     ctx: &JobContext,
@@ -412,7 +365,12 @@ async fn terminate(
     }
 }
 
-/// The exit-code contract (see the module documentation).
+/// The exit-code contract of `docs/command-jobs.md`: 0 is `Succeeded`;
+/// `skipped_exit_code` is `Skipped`, with the last stdout line as the
+/// reason (a generic one if that line is blank or there is none); a code in
+/// `fatal_exit_codes` is `Fatal`; any other code, or a death by signal, is
+/// `Retryable`. The supervisor has already killed what was left in the
+/// group.
 fn map_exit(
     spec: &CommandSpec,
     program: &str,
@@ -501,6 +459,11 @@ fn as_user_error(program: &str, user: &str, e: std::io::Error) -> JobError {
     }
 }
 
+/// A program that is not found or not executable is `Fatal`, since
+/// another attempt would find the same, and any other spawn error is
+/// `Retryable`. The supervisor reports the program's spawn error with its
+/// errno, so the mapping is the same as when the worker spawned the
+/// program itself.
 fn spawn_error(program: &str, e: std::io::Error) -> JobError {
     use std::io::ErrorKind;
     match e.kind() {
@@ -515,7 +478,12 @@ fn spawn_error(program: &str, e: std::io::Error) -> JobError {
     }
 }
 
-/// Logs every line of one output stream and keeps the last few.
+/// Logs every line of one output stream as an info event `command output`
+/// (`job_key`, `attempt`, `stream`, `line`), read with [`read_line_capped`],
+/// and keeps the last [`TAIL_LINES`], which [`with_tail`] appends to a
+/// failure's error message (`last output: …`), and the last stdout line,
+/// the reason of a skip. `command started` and `command ended` frame the
+/// output.
 fn forward(
     stream: Option<impl AsyncRead + Unpin + Send + 'static>,
     name: &'static str,

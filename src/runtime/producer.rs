@@ -1,49 +1,22 @@
 //! The producer: turns each job's schedule into job keys and enqueues them.
-//! Every tick computes, from one "now" (the database clock unless a moment is
-//! simulated), every period due within the job's catch-up window, and
-//! enqueues all of them in one statement; periods that already exist are
-//! duplicates and change nothing, so any number of producers may run at once.
-//! `enqueue` shares [`runs_for_periods`], so a manual run is keyed exactly as
-//! a scheduled one.
+//! [`tick`] plans every job ([`plan`]) from one "now" and enqueues all their
+//! runs in one statement; [`run`] is the loop of `produce`. `enqueue` shares
+//! [`runs_for_periods`] and [`periods_for_dates`], so a run enqueued by hand
+//! gets exactly the key a scheduled one would.
 //!
-//! The producer.
+//! Invariants:
 //!
-//! - `plan(job, cfg, now)` handles one job. It returns nothing if the job has no `schedule` or
-//!   `enabled` is false. Otherwise it takes the firings in `(now - catch_up, now]`, where a zero
-//!   `catch_up` means the last 15 minutes, and maps them to periods, dropping repeats. It keeps to
-//!   `key::date_range()`, so the producer never plans a date that `enqueue` refuses: a window that
-//!   starts before 1970-01-01T00:00:00Z starts there instead (a firing at that instant included,
-//!   and `window_start` reports the clamped start), `now` is capped at the range's last instant,
-//!   and a period whose business date lies outside the range is dropped (the 20:00 firing of
-//!   1969-12-31 in New York is 1970-01-01T01:00Z, and an 08:00 firing of 2200-01-01 in Seoul is
-//!   2199-12-31T23:00Z). Before this, `produce --now` enqueued 1969 dates and dates past 2199 (2230
-//!   was tried), and from the year 5000 on, where croner stops searching, silently nothing. It also
-//!   reports whether the window held more than `schedule::MAX_PERIODS_PER_TICK` (20,000) firings; the tick
-//!   then takes the earliest 20,000, and the newest periods are the ones missing. The cap counts
-//!   firings before they become periods. The configuration rejects a `catch_up` that holds more on
-//!   average over its one-week sample, whatever the `covers`, so only an uneven schedule, or a
-//!   kind's unchecked built-in defaults, reaches the cap.
-//! - `tick(pool, config, clock)` takes one "now" for all jobs: `SELECT now()` on the database, or
-//!   the `Clock::At` moment of `produce --now` (which stamps the runs only if the login may choose
-//!   the engine's clock, `queue::may_choose_clock`). It plans every job, enqueues all their runs in
-//!   one `queue::enqueue` statement, and reports per job (`JobTick`) the keys enqueued, the keys
-//!   inserted as SKIPPED, the number of duplicates, the window's start and whether it was
-//!   truncated.
-//! - `run` is the loop of `produce`. It ticks every `--interval`, truncated or not; `log_tick`
-//!   warns `shorten catch_up` for a truncated job, and counts the tick:
-//!   `batchonce_producer_ticks_total` and `batchonce_producer_last_tick_timestamp_seconds` (Unix
-//!   time from the process's clock). `produce --once` also calls it, but serves no metrics. A
-//!   failed tick is logged and retried with a backoff from 200 ms, doubling up to the interval (at
-//!   least 1 s). Errors never end the loop; only its cancellation token, fired by SIGTERM/SIGINT,
-//!   does. A simulated start advances with real time. `once_live_for` is how long `produce
-//!   --once` counts as live: three of its timer's periods, not an hour.
-//! - `runs_for_periods` turns periods into `NewRun`s, with `JobConfig::skip_reason` as their
-//!   `skip_reason`. `produce` and `enqueue` both use it, so a run enqueued by hand gets exactly the
-//!   key a scheduled one would.
-//! - `periods_for_dates` gives `enqueue` its periods: one per date, or, for a `covers = "firing"`
-//!   job, every firing of the schedule within the local date's `day_bounds`. Such a job needs a
-//!   schedule.
-//! - `date_range` expands `enqueue --from --to`, at most `MAX_BACKFILL_DAYS` (366).
+//! - One tick takes one "now" for all jobs: the database clock unless a
+//!   moment is simulated (`produce --now`).
+//! - Every period due within a job's catch-up window is enqueued; periods
+//!   that already exist are duplicates and change nothing, so any number of
+//!   producers may run at once.
+//! - The producer never plans a date that `enqueue` refuses: every planned
+//!   business date lies in `key::date_range()`.
+//! - A tick walks at most `schedule::MAX_PERIODS_PER_TICK` firings per job;
+//!   a window that held more is reported truncated.
+//! - Errors never end the loop; only its cancellation token, fired by
+//!   SIGTERM/SIGINT, does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,8 +114,9 @@ fn base_runs(
         .collect()
 }
 
-/// The periods of whole business dates: one per date for daily jobs, every
-/// firing on each local date for `covers = "firing"` jobs.
+/// The periods of whole business dates for `enqueue`: one per date for
+/// daily jobs, every firing of the schedule within each local date's
+/// `day_bounds` for `covers = "firing"` jobs, which need a schedule.
 pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Period>, String> {
     if cfg.covers != Covers::Firing {
         return Ok(dates.iter().copied().map(Period::day).collect());
@@ -170,7 +144,8 @@ pub fn periods_for_dates(cfg: &JobConfig, dates: &[NaiveDate]) -> Result<Vec<Per
     Ok(out)
 }
 
-/// The dates of an inclusive range, bounded.
+/// The dates of an inclusive range (`enqueue --from --to`), at most
+/// [`MAX_BACKFILL_DAYS`].
 pub fn date_range(from: NaiveDate, to: NaiveDate) -> Result<Vec<NaiveDate>, String> {
     if to < from {
         return Err(format!("--to {to} is before --from {from}"));
@@ -199,7 +174,26 @@ pub struct JobPlan {
 /// before 1970-01-01 is clamped to its first instant, and a period outside
 /// the range (a local date before 1970 west of UTC, or after 2199 east of
 /// it) is never planned, so the producer enqueues only dates that
-/// `enqueue` accepts. `None` for a job the producer does not schedule.
+/// `enqueue` accepts. `None` for a job the producer does not schedule (no
+/// `schedule`, or `enabled = false`).
+///
+/// A zero `catch_up` means the last 15 minutes. Firings are mapped to
+/// periods, dropping repeats. A clamped window includes a firing at
+/// 1970-01-01T00:00:00Z and reports the clamped start as `window_start`;
+/// `now` is capped at the range's last instant. Examples of dropped
+/// periods: the 20:00 firing of 1969-12-31 in New York is
+/// 1970-01-01T01:00Z, and an 08:00 firing of 2200-01-01 in Seoul is
+/// 2199-12-31T23:00Z. Before this rule, `produce --now` enqueued 1969 dates
+/// and dates past 2199, and from the year 5000 on, where croner stops
+/// searching, silently nothing.
+///
+/// The plan also says whether the window held more than
+/// `schedule::MAX_PERIODS_PER_TICK` (20,000) firings; the tick then takes
+/// the earliest 20,000, and the newest periods are the ones missing. The
+/// cap counts firings before they become periods. The configuration
+/// rejects a `catch_up` that holds more on average over its one-week
+/// sample, whatever the `covers`, so only an uneven schedule, or a kind's
+/// unchecked built-in defaults, reaches the cap.
 pub fn plan(
     job: &JobName,
     cfg: &JobConfig,
@@ -266,7 +260,11 @@ pub struct JobTick {
 }
 
 /// One producer tick at `clock`'s now: plans every job, enqueues all runs in
-/// one statement, and reports per job.
+/// one statement, and reports per job ([`JobTick`]: the keys enqueued, the
+/// keys inserted as SKIPPED, the number of duplicates, the window's start
+/// and whether it was truncated). "Now" is `SELECT now()` on the database,
+/// or the `Clock::At` moment of `produce --now`, which stamps the runs only
+/// if the login may choose the engine's clock (`queue::may_choose_clock`).
 pub async fn tick(
     pool: &PgPool,
     config: &Config,
@@ -405,7 +403,10 @@ async fn broken_scope_queries(
     Ok(broken)
 }
 
-/// Logs and counts one tick's report.
+/// Logs and counts one tick's report: it warns `shorten catch_up` for a
+/// truncated job, and counts the tick in `batchonce_producer_ticks_total`
+/// and `batchonce_producer_last_tick_timestamp_seconds` (Unix time from the
+/// process's clock). `produce --once` calls it too, but serves no metrics.
 pub fn log_tick(report: &[JobTick]) {
     metrics::counter!(crate::telemetry::PRODUCER_TICKS).increment(1);
     metrics::gauge!(crate::telemetry::PRODUCER_LAST_TICK)
@@ -509,8 +510,9 @@ pub async fn register(pool: &PgPool, config: &Config, process_id: &str, live_for
     }
 }
 
-/// The producer loop: a tick every `interval` until `stop`. Database errors
-/// are logged and retried with backoff; they never end the loop. With a
+/// The producer loop: a tick every `interval`, truncated or not, until
+/// `stop`. A failed tick is logged and retried with a backoff from 200 ms,
+/// doubling up to the interval (at least 1 s); it never ends the loop. With a
 /// simulated start (`Clock::At`), simulated time advances with real time.
 /// The process registers as `process_id` and deregisters when it stops.
 pub async fn run(

@@ -2,46 +2,33 @@
 //! `batch_process_config`. Each worker and producer registers at start with
 //! the effective configuration of every job it serves (and its
 //! fingerprint), refreshes `last_seen` and `live_until` while it runs, and
-//! deregisters when it stops; a SIGKILLed process's row stays with its last
-//! `last_seen`, which is the evidence `runs stale` shows. It also answers
-//! whether live processes disagree about a job's configuration.
+//! deregisters when it stops. It also answers whether live processes
+//! disagree about a job's configuration ([`config_drift`]).
 //!
-//! - `register_process(pool, id, role, version, live_for, jobs)` upserts the process's row: role
-//!   (`worker` or `producer`), host (from `gethostname`, at most 255 characters), pid, version (at
-//!   most 64), `started_at = last_seen = now()` and `live_until = now() + live_for`, the time by
-//!   which it promised a next sign of life. It replaces the process's `batch_process_config` rows
-//!   with the effective configuration of every job it serves (`job_settings`: every key that
-//!   changes what a run is or how it runs, with a command's `env` values and URL options recorded
-//!   only as a hash) and its fingerprint (the first 16 hex digits of the md5 of the jsonb text, so
-//!   equal settings give equal fingerprints everywhere). It also prunes rows of processes whose
-//!   `live_until` passed 30 days ago (a worker role cannot read runs to ask whether one still names
-//!   them). `register(pool, id, version)` is the same for a worker without configuration rows.
-//! - `touch` sets `last_seen = now()` and `live_until`. If no row matched, because someone deleted
-//!   it, it calls `register` again.
-//! - `deregister` deletes the row (and, by cascade, its configuration rows).
-//! - `config_drift` lists the jobs whose live processes (`live_until > now()`) recorded more than
-//!   one fingerprint, with each process and the keys whose values differ; `status` and `runs stale`
-//!   print it. `fingerprint_counts` gives the exporter's `batchonce_config_fingerprints` per job.
+//! Who registers: `worker::run` at start (a failure is only a warning: the
+//! first heartbeat tick re-registers), touched by the heartbeat loop on
+//! every tick and deregistered after the service loops have ended on a clean
+//! stop; `produce` as `producer-<host>-<pid>`, live for three intervals,
+//! touched each tick and deregistered at stop; `produce --once` as
+//! `producer-once-<host>`, one row per host, once it has ticked, live for
+//! three of its timer's periods (`producer::once_live_for`). A failure to
+//! register is logged and never stops the producer.
 //!
-//! Producers register too: `produce` as `producer-<host>-<pid>`, live for three intervals, touched
-//! each tick and deregistered at stop; `produce --once` as `producer-once-<host>`, one row per
-//! host, once it has ticked, live for three of its timer's periods (`producer::once_live_for`). A
-//! failure to register is logged and never stops the producer. A process is live by the age of its
-//! last sign of life, never by a fixed window.
+//! Invariants:
 //!
-//! Each row records the login that wrote it (`registered_by`, the column's default
-//! `session_user`), and row-level security lets a login other than the tables' owner write only
-//! its own rows (migration 20261208000006); a process whose id another login holds fails to
-//! register (logged) until that row is deleted. Every reader here leaves out the rows that
-//! `queue::WORKER_PROBLEM` and `queue::CONFIG_PROBLEM` fault, the rule every view shares
-//! (`queue::registry_problems` lists them).
-//!
-//! `worker::run` registers at start (a failure is only a warning: the first heartbeat tick
-//! re-registers), the heartbeat loop touches on every tick, and a clean stop deregisters after the
-//! service loops have ended. A SIGKILLed worker never deregisters, so its row keeps its last
-//! `last_seen`, which `queue::stale_runs` reports as evidence. The worker's sessions carry its id
-//! as `application_name` (`db.rs`), which is how `stale_runs` finds its live sessions in
-//! `pg_stat_activity`.
+//! - A process is live by its own promise (`live_until`), never by a fixed
+//!   window. A SIGKILLed process never deregisters, so its row keeps its last
+//!   `last_seen`, which `queue::stale_runs` reports as evidence; the worker's
+//!   sessions carry its id as `application_name` (`db.rs`), which is how
+//!   `stale_runs` finds its live sessions in `pg_stat_activity`.
+//! - Each row records the login that wrote it (`registered_by`, the column's
+//!   default `session_user`), and row-level security lets a login other than
+//!   the tables' owner write only its own rows (migration 20261208000006); a
+//!   process whose id another login holds fails to register (logged) until
+//!   that row is deleted.
+//! - Every reader here leaves out the rows that `queue::WORKER_PROBLEM` and
+//!   `queue::CONFIG_PROBLEM` fault, the rule every view shares
+//!   (`queue::registry_problems` lists them).
 
 use std::time::Duration;
 
@@ -78,7 +65,8 @@ fn host() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Registers (or re-registers, after a restart under the same id) a worker.
+/// Registers (or re-registers, after a restart under the same id) a worker,
+/// as [`register_process`] does but without configuration rows.
 pub async fn register(pool: &PgPool, worker_id: &str, version: &str) -> Result<(), sqlx::Error> {
     register_process(
         pool,
@@ -94,6 +82,15 @@ pub async fn register(pool: &PgPool, worker_id: &str, version: &str) -> Result<(
 /// Registers a process with the configuration of every job it serves,
 /// replacing what an earlier process of the same id recorded. It promises
 /// to show a sign of life again within `live_for`.
+///
+/// The row holds the role (`worker` or `producer`), host (from
+/// `gethostname`, at most 255 characters), pid, version (at most 64),
+/// `started_at = last_seen = now()` and `live_until = now() + live_for`.
+/// Each job's settings ([`job_settings`]) are recorded with their
+/// fingerprint: the first 16 hex digits of the md5 of the jsonb text, so
+/// equal settings give equal fingerprints everywhere. It also prunes rows
+/// of processes whose `live_until` passed 30 days ago (a worker role cannot
+/// read runs to ask whether one still names them).
 pub async fn register_process(
     pool: &PgPool,
     process_id: &str,
@@ -266,7 +263,7 @@ pub struct ConfigDrift {
 
 /// Jobs whose live processes (those whose `live_until` has not passed)
 /// recorded more than one configuration, with who runs which and the keys
-/// that differ.
+/// that differ; `status` and `runs stale` print it.
 pub async fn config_drift(pool: &PgPool) -> Result<Vec<ConfigDrift>, sqlx::Error> {
     let mut stmt = crate::db::statement(pool).await?;
     let sql = format!(

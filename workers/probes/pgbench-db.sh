@@ -1,5 +1,5 @@
-# Sourced by the pgbench probe claim-streams/run.sh (and, until the tenth
-# round of BENCHMARKS.md made its design a migration, hot-run-row/run.sh):
+# Sourced by the pgbench probe claim-streams/run.sh (and, until issue 25's
+# tenth drain round made its design a migration, hot-run-row/run.sh):
 # `probe_database DB` checks for a release build of `batchonce` and for
 # pgbench (setting BIN to the PostgreSQL binaries), drops and creates DB on
 # the server the PG* variables name, migrates it and loads

@@ -8,9 +8,9 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchonce::queue::{self, ClaimSpec, Finish, NewRun};
 use batchonce::testing::{wait_until, TestDb};
@@ -20,6 +20,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 mod common;
+
+use common::wait_exit;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
@@ -63,20 +65,6 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Everything `from` writes, collected by a thread until it closes.
@@ -945,5 +933,24 @@ async fn status_on_an_unmigrated_database_says_to_migrate() {
             "{args:?}: {err}"
         );
         assert!(out.stdout.is_empty(), "{args:?}: {}", stdout(&out));
+    }
+}
+
+/// `--version` names the release and the commit the binary was built from,
+/// the same commit `batchonce_build_info` exports, so a bug report that
+/// quotes it identifies the build.
+#[test]
+fn version_names_release_and_commit() {
+    let out = run(None, &["--version"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = format!(
+        "batchonce {} (commit {})\n",
+        env!("CARGO_PKG_VERSION"),
+        batchonce::telemetry::GIT_COMMIT
+    );
+    assert_eq!(stdout(&out), expected);
+    // A clone builds with git at hand: the commit is known, not `unknown`.
+    if std::env::var_os("CI").is_some() {
+        assert_ne!(batchonce::telemetry::GIT_COMMIT, "unknown");
     }
 }

@@ -5,7 +5,7 @@
 //! exact items after the worker is SIGKILLed mid-run.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use batchonce::queue::{self, ClaimSpec, NewRun};
@@ -18,46 +18,25 @@ use sqlx::PgPool;
 
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+use common::stop;
 
 fn scratch(name: &str) -> PathBuf {
     batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
-fn batchonce(db: &TestDb, config: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    // The programs' URL is configured per job (`database_url_env`); here it
-    // is the worker's own.
-    c.env("DATABASE_URL", &db.url)
-        .env("PROGRAM_DATABASE_URL", &db.url)
-        .env_remove("BATCHONCE_CONFIG")
-        .env("RUST_LOG", "info")
-        .arg("--config")
-        .arg(config);
+/// The workers' flags here: six runs at once.
+const CONCURRENCY: &[&str] = &["--concurrency", "6"];
+
+/// The binary with `config`, and the programs' database URL (the jobs'
+/// `database_url_env` here) set to the worker's own.
+fn bin(db: &TestDb, config: &Path) -> Command {
+    let mut c = common::batchonce(db, Some(config));
+    c.env("PROGRAM_DATABASE_URL", &db.url);
     c
 }
 
-fn spawn_worker(db: &TestDb, config: &Path, dir: &Path, id: &str) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-    batchonce(db, config)
-        .args(["--log-format", "json", "worker", "--worker-id", id])
-        .args([
-            "--concurrency",
-            "6",
-            "--poll-interval",
-            "200ms",
-            "--grace",
-            "5s",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
-}
-
 fn enqueue(db: &TestDb, config: &Path, job: &str) {
-    let out = batchonce(db, config)
+    let out = bin(db, config)
         .args(["enqueue", job, "--date", "2026-09-15"])
         .output()
         .unwrap();
@@ -66,18 +45,6 @@ fn enqueue(db: &TestDb, config: &Path, job: &str) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn stop(mut child: Child) -> std::process::ExitStatus {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    for _ in 0..300 {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    panic!("worker did not stop within 15s of SIGTERM");
 }
 
 async fn run_row(pool: &PgPool, key: &str) -> (String, i32, Option<String>) {
@@ -194,7 +161,7 @@ max_attempts = 1
     ] {
         enqueue(&db, &cfg, job);
     }
-    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let worker = common::spawn_worker(bin(&db, &cfg), &dir, "w1", CONCURRENCY);
     let keys = [
         "cmd-env:2026-09-15",
         "cmd-skip:2026-09-15",
@@ -263,10 +230,7 @@ max_attempts = 1
     // `runs show` keeps the last lines of every attempt, successful ones
     // included, and of each attempt of a retried run.
     let show = |key: &str| {
-        let out = batchonce(&db, &cfg)
-            .args(["runs", "show", key])
-            .output()
-            .unwrap();
+        let out = bin(&db, &cfg).args(["runs", "show", key]).output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -343,13 +307,13 @@ async fn a_lost_lease_kills_the_process_group_and_shutdown_stops_it() {
     .unwrap();
     let key = "cmd-long:2026-09-15";
     enqueue(&db, &cfg, "cmd-long");
-    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let worker = common::spawn_worker(bin(&db, &cfg), &dir, "w1", CONCURRENCY);
     let sh = wait_pid_file(&out.join("sh.pid")).await;
     let bg = wait_pid_file(&out.join("bg.pid")).await;
     assert!(alive(sh) && alive(bg));
     // An operator fails the run: its token changes, the worker's next
     // heartbeat finds the lease gone, and the group is killed outright.
-    let o = batchonce(&db, &cfg)
+    let o = bin(&db, &cfg)
         .args([
             "runs",
             "fail",
@@ -376,7 +340,7 @@ async fn a_lost_lease_kills_the_process_group_and_shutdown_stops_it() {
     for f in ["sh.pid", "bg.pid"] {
         std::fs::remove_file(out.join(f)).unwrap();
     }
-    let o = batchonce(&db, &cfg)
+    let o = bin(&db, &cfg)
         .args([
             "runs",
             "rerun",
@@ -437,7 +401,7 @@ async fn a_sigkilled_worker_takes_its_program_with_it() {
     )
     .unwrap();
     enqueue(&db, &cfg, "cmd-sleep");
-    let mut worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let mut worker = common::spawn_worker(bin(&db, &cfg), &dir, "w1", CONCURRENCY);
     let sh = wait_pid_file(&out.join("sh.pid")).await;
     let bg = wait_pid_file(&out.join("bg.pid")).await;
     let supervisor = parent_of(sh);
@@ -755,7 +719,7 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
     .unwrap();
     let key = "nightly-invoices:2026-09-15";
     enqueue(&db, &cfg, "nightly-invoices");
-    let mut first = spawn_worker(&db, &cfg, &dir, "n1");
+    let mut first = common::spawn_worker(bin(&db, &cfg), &dir, "n1", CONCURRENCY);
     wait_for_count(
         &db.pool,
         "invoices under way",
@@ -766,7 +730,7 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
     .await;
     first.kill().unwrap();
     first.wait().unwrap();
-    let second = spawn_worker(&db, &cfg, &dir, "n2");
+    let second = common::spawn_worker(bin(&db, &cfg), &dir, "n2", CONCURRENCY);
     wait_status(&db.pool, key, &["SUCCEEDED", "FAILED"]).await;
     assert!(stop(second).success());
     let (status, attempts, _) = run_row(&db.pool, key).await;
@@ -807,12 +771,12 @@ async fn the_node_example_invoices_exactly_once_across_a_sigkill() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let o = batchonce(&db, &cfg)
+    let o = bin(&db, &cfg)
         .args(["enqueue", "nightly-invoices", "--date", "2026-09-16"])
         .output()
         .unwrap();
     assert!(o.status.success());
-    let w = spawn_worker(&db, &cfg, &dir, "n3");
+    let w = common::spawn_worker(bin(&db, &cfg), &dir, "n3", CONCURRENCY);
     let key2 = "nightly-invoices:2026-09-16";
     wait_status(&db.pool, key2, &["SKIPPED", "FAILED", "SUCCEEDED"]).await;
     assert!(stop(w).success());
@@ -847,7 +811,7 @@ fn a_command_job_with_bad_config_is_refused_with_one_line() {
         ),
     ] {
         common::config_refused(
-            BIN,
+            common::BIN,
             &dir,
             text,
             &["enqueue", "x", "--date", "2026-09-15"],
@@ -916,8 +880,8 @@ async fn a_sigstopped_workers_program_is_gone_before_another_copy_starts() {
     let key = "cmd-overlap:2026-09-15";
     enqueue(&db, &cfg, "cmd-overlap");
     let mut workers = Workers(vec![
-        spawn_worker(&db, &cfg, &dir, "w1"),
-        spawn_worker(&db, &cfg, &dir, "w2"),
+        common::spawn_worker(bin(&db, &cfg), &dir, "w1", CONCURRENCY),
+        common::spawn_worker(bin(&db, &cfg), &dir, "w2", CONCURRENCY),
     ]);
     let lines = out.join("lines");
     let first_pid = wait_pid_file(&out.join("pid.1")).await;
@@ -1040,7 +1004,7 @@ stale_after = "2s"
     .unwrap();
     enqueue(&db, &cfg, "cmd-progress");
     let key = "cmd-progress:2026-09-15";
-    let worker = spawn_worker(&db, &cfg, &dir, "w1");
+    let worker = common::spawn_worker(bin(&db, &cfg), &dir, "w1", CONCURRENCY);
     wait_for_count(
         &db.pool,
         "the program's own session, named after its worker",
@@ -1085,10 +1049,7 @@ stale_after = "2s"
         .unwrap(),
     );
     assert_eq!((run_counts, attempt_counts), ((30, 3), (30, 3)));
-    let out = batchonce(&db, &cfg)
-        .args(["runs", "show", key])
-        .output()
-        .unwrap();
+    let out = bin(&db, &cfg).args(["runs", "show", key]).output().unwrap();
     let shown = String::from_utf8(out.stdout).unwrap();
     assert!(shown.contains("    stdout: settled 30 items"), "{shown}");
 }
@@ -1138,10 +1099,10 @@ async fn the_node_report_example_sends_once_and_never_after_a_lost_lease() {
     .unwrap();
     let key = "daily-report:2026-09-15";
     enqueue(&db, &cfg, "daily-report");
-    let w = spawn_worker(&db, &cfg, &dir, "r1");
+    let w = common::spawn_worker(bin(&db, &cfg), &dir, "r1", CONCURRENCY);
     wait_status(&db.pool, key, &["SUCCEEDED", "FAILED"]).await;
     // Enqueued again: a duplicate, so nothing runs and nothing is sent.
-    let again = batchonce(&db, &cfg)
+    let again = bin(&db, &cfg)
         .args(["enqueue", "daily-report", "--date", "2026-09-15"])
         .output()
         .unwrap();
@@ -1194,7 +1155,7 @@ async fn the_node_report_example_sends_once_and_never_after_a_lost_lease() {
 }
 
 fn enqueue_date(db: &TestDb, config: &Path, job: &str, date: &str) {
-    let out = batchonce(db, config)
+    let out = bin(db, config)
         .args(["enqueue", job, "--date", date])
         .output()
         .unwrap();

@@ -14,7 +14,7 @@
 //! Without `/usr/bin/chromium` and `/usr/bin/chromedriver` the test skips,
 //! except under CI, where it fails (`.ci/run` installs them).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,7 +28,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+mod common;
+
+use common::{batchonce, free_port, http_get};
+
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const JOB: &str = "cal-report";
@@ -128,50 +131,6 @@ fn scratch(name: &str) -> PathBuf {
     batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET path` on a loopback port: the status code and the body, or `None`
-/// while nothing answers. The body ends at its `Content-Length` (chromedriver
-/// keeps the connection open) or when the server closes.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).ok()?;
-        got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse::<usize>().ok())
-                    .flatten()
-            });
-            if n == 0 || length.is_some_and(|len| body.len() >= len) {
-                let status = head.split(' ').nth(1)?.parse().ok()?;
-                return Some((status, body.to_owned()));
-            }
-        }
-        if n == 0 {
-            return None;
-        }
-    }
-}
-
 /// Polls `GET path` until `ok` holds of its answer; panics after
 /// [`DEADLINE`], naming `what` and the log to read.
 async fn wait_http(what: &str, port: u16, path: &str, log: &Path, ok: impl Fn(&str) -> bool) {
@@ -191,16 +150,6 @@ async fn wait_http(what: &str, port: u16, path: &str, log: &Path, ok: impl Fn(&s
     }
 }
 
-fn batchonce(db: &TestDb, dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir)
-        .env("DATABASE_URL", &db.url)
-        .env_remove("BATCHONCE_CONFIG")
-        .env_remove("BATCHONCE_CONSOLE_USERS")
-        .env("RUST_LOG", "info");
-    c
-}
-
 fn run_ok(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap();
     assert!(
@@ -211,23 +160,12 @@ fn run_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn spawn_worker(db: &TestDb, dir: &Path, cfg: &Path, id: &'static str) -> Running {
-    Running::spawn(
-        id,
-        batchonce(db, dir).arg("--config").arg(cfg).args([
-            "--log-format",
-            "json",
-            "worker",
-            "--worker-id",
-            id,
-            "--poll-interval",
-            "200ms",
-            "--grace",
-            "5s",
-        ]),
-        &dir.join(format!("{id}.log")),
-        false,
-    )
+/// The worker `id` of `cfg`, stopped when dropped.
+fn start_worker(db: &TestDb, dir: &Path, cfg: &Path, id: &'static str) -> Running {
+    let mut cmd = batchonce(db, Some(cfg));
+    cmd.current_dir(dir);
+    let log = dir.join(format!("{id}.log"));
+    Running::spawn(id, &mut common::worker(cmd, id, &[]), &log, false)
 }
 
 fn key(date: NaiveDate) -> String {
@@ -371,24 +309,20 @@ max_attempts = 3
     )
     .unwrap();
     run_ok(
-        batchonce(&db, &dir)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("migrate"),
+        batchonce(&db, Some(&cfg)).current_dir(&dir).arg("migrate"),
         "migrate",
     );
     let from = d[0].to_string();
     let to = d[2].to_string();
     let out = run_ok(
-        batchonce(&db, &dir)
-            .arg("--config")
-            .arg(&cfg)
+        batchonce(&db, Some(&cfg))
+            .current_dir(&dir)
             .args(["enqueue", JOB, "--from", &from, "--to", &to]),
         "enqueue a range",
     );
     assert!(out.contains(&format!("skipped {}", key(d[2]))), "{out}");
     run_ok(
-        batchonce(&db, &dir).arg("--config").arg(&cfg).args([
+        batchonce(&db, Some(&cfg)).current_dir(&dir).args([
             "enqueue",
             JOB,
             "--date",
@@ -399,7 +333,7 @@ max_attempts = 3
 
     // The worker runs them and records the job's schedule, from which the
     // console derives the expected periods.
-    let mut worker = spawn_worker(&db, &dir, &cfg, "w1");
+    let mut worker = start_worker(&db, &dir, &cfg, "w1");
     for (date, want) in [(d[0], "SUCCEEDED"), (d[1], "FAILED"), (d[4], "FAILED")] {
         wait_for_status(&db.pool, Some(&key(date)), &[want], DEADLINE).await;
     }
@@ -413,7 +347,8 @@ max_attempts = 3
     .await;
 
     // An operator account, hashed by the console itself.
-    let mut hasher = batchonce(&db, &dir)
+    let mut hasher = batchonce(&db, None)
+        .current_dir(&dir)
         .args(["console", "--hash-password"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -442,7 +377,8 @@ max_attempts = 3
     let console_log = dir.join("console.log");
     let _console = Running::spawn(
         "the console",
-        batchonce(&db, &dir)
+        batchonce(&db, None)
+            .current_dir(&dir)
             .args(["--log-format", "json", "console", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--users")
@@ -758,7 +694,7 @@ max_attempts = 3
     // The input arrives; a worker runs the periods and they succeed. The
     // run's page follows by itself (its meta refresh): nothing reloads it.
     std::fs::write(&flag, "delivered\n").unwrap();
-    let _worker = spawn_worker(&db, &dir, &cfg, "w2");
+    let _worker = start_worker(&db, &dir, &cfg, "w2");
     c.goto(&format!("{base}/runs/{}", key(d[1]))).await.unwrap();
     let deadline = Instant::now() + DEADLINE;
     loop {

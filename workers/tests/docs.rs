@@ -340,3 +340,18 @@ fn the_architecture_map_stays_short() {
         "ARCHITECTURE.md has {words} words; at most 5,000: move a module's detail into its //! docs"
     );
 }
+
+/// BENCHMARKS.md holds the current figures and how to reproduce them; the
+/// rounds that led to them stay in git (`git log -p BENCHMARKS.md`).
+#[test]
+fn the_benchmarks_page_stays_short() {
+    let words = std::fs::read_to_string(root().join("BENCHMARKS.md"))
+        .unwrap()
+        .split_whitespace()
+        .count();
+    assert!(
+        words <= 3_000,
+        "BENCHMARKS.md has {words} words; at most 3,000: keep the newest figure of each scenario \
+         and leave earlier rounds to git history"
+    );
+}

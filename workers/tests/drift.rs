@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::free_port;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -85,15 +87,6 @@ fn worker(db: &TestDb, cfg: &Path, dir: &Path, id: &str) -> Child {
     .stderr(log)
     .spawn()
     .unwrap()
-}
-
-fn stop(mut child: Child, signal: Signal) {
-    kill(Pid::from_raw(child.id() as i32), signal).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "process did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 async fn scalar(pool: &PgPool, sql: &str) -> i64 {
@@ -185,7 +178,7 @@ async fn a_takeover_by_a_worker_with_another_time_zone_settles_each_order_once()
             DATES[1],
         ],
     );
-    let old = worker(&db, &seoul, &dir, "old-seoul");
+    let mut old = worker(&db, &seoul, &dir, "old-seoul");
     wait_until(
         "the first run half done",
         Duration::from_secs(60),
@@ -194,8 +187,8 @@ async fn a_takeover_by_a_worker_with_another_time_zone_settles_each_order_once()
         },
     )
     .await;
-    stop(old, Signal::SIGKILL);
-    let new = worker(&db, &utc, &dir, "new-utc");
+    common::signal_and_wait(&mut old, Signal::SIGKILL, Duration::from_secs(30));
+    let mut new = worker(&db, &utc, &dir, "new-utc");
     wait_until("every run succeeded", Duration::from_secs(120), || async {
         scalar(
             &db.pool,
@@ -205,7 +198,7 @@ async fn a_takeover_by_a_worker_with_another_time_zone_settles_each_order_once()
             == 2
     })
     .await;
-    stop(new, Signal::SIGTERM);
+    common::signal_and_wait(&mut new, Signal::SIGTERM, Duration::from_secs(30));
     // The first run really was taken over by the UTC worker.
     assert_eq!(
         scalar(
@@ -232,8 +225,8 @@ async fn disagreeing_processes_are_shown_by_status_runs_stale_and_the_gauge() {
     let dir = scratch("drift-shown");
     let seoul = config(&dir, "seoul.toml", "Asia/Seoul");
     let utc = config(&dir, "utc.toml", "UTC");
-    let a = worker(&db, &seoul, &dir, "w-seoul");
-    let b = worker(&db, &utc, &dir, "w-utc");
+    let mut a = worker(&db, &seoul, &dir, "w-seoul");
+    let mut b = worker(&db, &utc, &dir, "w-utc");
     wait_until(
         "both workers registered",
         Duration::from_secs(30),
@@ -330,22 +323,14 @@ async fn disagreeing_processes_are_shown_by_status_runs_stale_and_the_gauge() {
     };
     gauge(" 2").await;
     // The UTC worker stops and deregisters: they agree again.
-    stop(b, Signal::SIGTERM);
+    common::signal_and_wait(&mut b, Signal::SIGTERM, Duration::from_secs(30));
     gauge(" 1").await;
     let out = run(&db, &seoul, &["--json", "status"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["config_drift"], serde_json::json!([]), "{v}");
-    stop(a, Signal::SIGTERM);
+    common::signal_and_wait(&mut a, Signal::SIGTERM, Duration::from_secs(30));
     let _ = kill(Pid::from_raw(exporter.id() as i32), Signal::SIGTERM);
     let _ = exporter.wait();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// An order of a run's window that another business date already settled
@@ -379,7 +364,7 @@ async fn an_order_settled_under_another_date_is_reported_and_not_settled_again()
         &seoul,
         &["enqueue", "daily-settlement", "--date", DATES[1]],
     );
-    let w = worker(&db, &seoul, &dir, "w-elsewhere");
+    let mut w = worker(&db, &seoul, &dir, "w-elsewhere");
     wait_until("the run to succeed", Duration::from_secs(60), || async {
         scalar(
             &db.pool,
@@ -389,7 +374,7 @@ async fn an_order_settled_under_another_date_is_reported_and_not_settled_again()
             == 1
     })
     .await;
-    stop(w, Signal::SIGTERM);
+    common::signal_and_wait(&mut w, Signal::SIGTERM, Duration::from_secs(30));
     assert_eq!(
         scalar(
             &db.pool,

@@ -31,6 +31,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 mod common;
 
+use common::{ok, wait_exit};
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 const ORDERS: i64 = 300;
@@ -107,7 +109,7 @@ impl Rig {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        wait_exit(&mut child, limit, &format!("{args:?}"));
+        wait_exit(&mut child, limit);
         (child.wait_with_output().unwrap(), t.elapsed())
     }
 
@@ -201,34 +203,8 @@ async fn session_alive(pool: &PgPool, pid: i32) -> bool {
         .unwrap()
 }
 
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
-}
-
-/// Waits for `child` to exit; kills it and fails the test after `limit`.
-fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,11 +217,7 @@ async fn after_the_grace_period_a_blocked_worker_ends_its_own_session_and_exits(
 
     let t = Instant::now();
     signal(&w, Signal::SIGTERM);
-    let st = wait_exit(
-        &mut w,
-        GRACE + AFTER_GRACE + Duration::from_secs(10),
-        "the SIGTERMed worker",
-    );
+    let st = wait_exit(&mut w, GRACE + AFTER_GRACE + Duration::from_secs(10));
     let took = t.elapsed();
     println!(
         "{}",
@@ -300,11 +272,7 @@ async fn a_second_signal_exits_at_once_and_the_lease_is_recovered() {
     .await;
     let t = Instant::now();
     signal(&w, Signal::SIGTERM);
-    let st = wait_exit(
-        &mut w,
-        Duration::from_secs(10),
-        "the twice-signalled worker",
-    );
+    let st = wait_exit(&mut w, Duration::from_secs(10));
     let took = t.elapsed();
     println!(
         "{}",
@@ -340,7 +308,7 @@ async fn a_second_signal_exits_at_once_and_the_lease_is_recovered() {
     o.assert_holds("after the takeover");
     assert_eq!(o.items, ORDERS);
     signal(&rescuer, Signal::SIGTERM);
-    assert!(wait_exit(&mut rescuer, Duration::from_secs(15), "the rescuer").success());
+    assert!(wait_exit(&mut rescuer, Duration::from_secs(15)).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,5 +489,5 @@ async fn stale_names_the_blocker_and_fail_waits_bounded_then_terminates_it_audit
     );
     holder.close().await.unwrap();
     signal(&w, Signal::SIGTERM);
-    assert!(wait_exit(&mut w, GRACE + AFTER_GRACE, "the worker").success());
+    assert!(wait_exit(&mut w, GRACE + AFTER_GRACE).success());
 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -623,22 +623,6 @@ async fn an_unreachable_webhook_leaves_deliveries_pending_and_retries_the_run() 
     );
 }
 
-fn spawn_worker(db: &TestDb, config: &Path, dir: &Path, id: &str) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-    Command::new(BIN)
-        .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "info")
-        .arg("--config")
-        .arg(config)
-        .args(["--log-format", "json", "worker", "--worker-id", id])
-        .args(["--poll-interval", "200ms", "--grace", "5s"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_sigkilled_worker_process_is_taken_over_and_nobody_is_notified_twice() {
     let db = db().await;
@@ -666,7 +650,7 @@ async fn a_sigkilled_worker_process_is_taken_over_and_nobody_is_notified_twice()
         ),
     )
     .unwrap();
-    let mut first = spawn_worker(&db, &cfg, &dir, "n1");
+    let mut first = common::spawn_worker(common::batchonce(&db, Some(&cfg)), &dir, "n1", &[]);
     wait_for_count(
         &db.pool,
         "the run to be under way",
@@ -677,7 +661,7 @@ async fn a_sigkilled_worker_process_is_taken_over_and_nobody_is_notified_twice()
     .await;
     first.kill().unwrap();
     first.wait().unwrap();
-    let mut second = spawn_worker(&db, &cfg, &dir, "n2");
+    let mut second = common::spawn_worker(common::batchonce(&db, Some(&cfg)), &dir, "n2", &[]);
     wait_for_status(&db.pool, None, &["SUCCEEDED"], Duration::from_secs(60)).await;
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(second.id() as i32),

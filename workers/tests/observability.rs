@@ -4,8 +4,6 @@
 //! an injected failure and fires the FAILED-run alert.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +15,8 @@ use chrono::NaiveDate;
 use yaml_rust2::{Yaml, YamlLoader};
 
 mod common;
+
+use common::{free_port, http_get, stop};
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
@@ -312,29 +312,6 @@ fn every_metric_is_documented_once() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.0 GET on loopback (test code only).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((code, body))
-}
-
 fn spawn(args: &[&str], url: &str, log: &Path) -> Child {
     Command::new(BIN)
         .args(args)
@@ -346,21 +323,6 @@ fn spawn(args: &[&str], url: &str, log: &Path) -> Child {
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap()
-}
-
-fn stop(mut c: Child) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(c.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while c.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,10 +377,10 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
     let prom = common::prometheus::start(&prometheus, &dir, &[wport, eport], pport);
 
     wait_until("the worker's /readyz", Duration::from_secs(20), || async {
-        get(wport, "/readyz").is_some_and(|(c, _)| c == 200)
+        http_get(wport, "/readyz").is_some_and(|(c, _)| c == 200)
     })
     .await;
-    assert_eq!(get(wport, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(wport, "/healthz").map(|r| r.0), Some(200));
     for d in ["2026-09-14", "2026-09-15"] {
         let out = Command::new(BIN)
             .args(["enqueue", "daily-settlement", "--date", d])
@@ -437,7 +399,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
                 .replace('}', "%7D")
                 .replace('=', "%3D")
         );
-        get(pport, &path).map(|(_, b)| b).unwrap_or_default()
+        http_get(pport, &path).map(|(_, b)| b).unwrap_or_default()
     };
     wait_until(
         "Prometheus sees the fatal attempt",
@@ -453,7 +415,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
         "the FAILED-run alert fires",
         Duration::from_secs(60),
         || async {
-            let alerts = get(pport, "/api/v1/alerts")
+            let alerts = http_get(pport, "/api/v1/alerts")
                 .map(|(_, b)| b)
                 .unwrap_or_default();
             alerts.contains(r#""alertname":"BatchonceRunFailed""#)
@@ -464,7 +426,7 @@ async fn a_real_prometheus_sees_the_failure_and_fires_the_alert() {
     let failed = query(r#"batchonce_runs{status="FAILED"}"#);
     assert!(failed.contains(r#""job":"daily-settlement""#), "{failed}");
     // Labels never carry a job key or a date.
-    let metrics = get(wport, "/metrics").unwrap().1;
+    let metrics = http_get(wport, "/metrics").unwrap().1;
     assert!(!metrics.contains("2026-09-1"), "a date leaked into a label");
     stop(worker);
     stop(exporter);
@@ -514,9 +476,9 @@ fn database_passwords_never_reach_logs() {
     }
     // Its state agrees: up, but not ready, and its metrics do not carry the
     // password either.
-    assert_eq!(get(mport, "/healthz").map(|r| r.0), Some(200));
-    assert_eq!(get(mport, "/readyz").map(|r| r.0), Some(503));
-    let metrics = get(mport, "/metrics")
+    assert_eq!(http_get(mport, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(mport, "/readyz").map(|r| r.0), Some(503));
+    let metrics = http_get(mport, "/metrics")
         .expect("the worker serves /metrics")
         .1;
     assert!(

@@ -5,20 +5,17 @@
 //! those views never see. Each judges the runs by what the database holds.
 //! The worker, before it dies, serves its counters at zero.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
 use batchonce::testing::{wait_until, TestDb};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde_json::Value;
 
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
+use common::{batchonce, free_port, http_get, stop};
+
 const STUCK: &str = "stuck-export:2026-09-15";
 const BROKEN: &str = "broken-import:2026-09-15";
 
@@ -42,22 +39,6 @@ fn scratch(name: &str) -> PathBuf {
     batchonce::testing::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
 }
 
-/// The binary run in `dir`, with `--config` only when given: without it and
-/// without BATCHONCE_CONFIG, it looks for ./batchonce.toml, which an empty
-/// folder does not have.
-fn batchonce(db: &TestDb, dir: &Path, config: Option<&Path>) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir)
-        .env("DATABASE_URL", &db.url)
-        .env_remove("BATCHONCE_CONFIG")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null());
-    if let Some(cfg) = config {
-        c.arg("--config").arg(cfg);
-    }
-    c
-}
-
 fn ok(out: Output, what: &str) -> String {
     assert!(
         out.status.success(),
@@ -69,7 +50,11 @@ fn ok(out: Output, what: &str) -> String {
 
 fn view(db: &TestDb, dir: &Path, config: Option<&Path>, args: &[&str]) -> String {
     ok(
-        batchonce(db, dir, config).args(args).output().unwrap(),
+        batchonce(db, config)
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .unwrap(),
         &args.join(" "),
     )
 }
@@ -80,17 +65,9 @@ fn json(db: &TestDb, dir: &Path, config: Option<&Path>, args: &[&str]) -> Value 
     serde_json::from_str(&view(db, dir, config, &all)).unwrap()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// /metrics of a process on loopback.
 fn metrics(port: u16) -> Option<String> {
-    http_get(port, "/metrics")
+    http_get(port, "/metrics").map(|(_, body)| body)
 }
 
 /// The value of the sample of `name` whose labels include all of `labels`.
@@ -106,18 +83,6 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
             .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
             .then(|| value.parse().ok())?
     })
-}
-
-fn stop(mut child: Child) {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 async fn scalar_bool(db: &TestDb, sql: &str) -> bool {
@@ -146,7 +111,8 @@ async fn every_operator_view_tells_the_same_truth_without_a_config_file() {
     }
     let wport = free_port();
     let log = std::fs::File::create(dir.join("worker.log")).unwrap();
-    let mut worker = batchonce(&db, &dir, Some(&cfg))
+    let mut worker = batchonce(&db, Some(&cfg))
+        .current_dir(&dir)
         .args(["--log-format", "json", "worker", "--worker-id", "w-truth"])
         .args(["--poll-interval", "200ms", "--metrics-addr"])
         .arg(format!("127.0.0.1:{wport}"))
@@ -295,7 +261,8 @@ async fn every_operator_view_tells_the_same_truth_without_a_config_file() {
     // the dead run stale with its lease expired, the FAILED run counted.
     let eport = free_port();
     let elog = std::fs::File::create(dir.join("exporter.log")).unwrap();
-    let exporter = batchonce(&db, &empty, None)
+    let exporter = batchonce(&db, None)
+        .current_dir(&empty)
         .args(["exporter", "--interval", "200ms", "--metrics-addr"])
         .arg(format!("127.0.0.1:{eport}"))
         .stdout(Stdio::null())
@@ -400,7 +367,8 @@ async fn the_producers_due_period_and_the_exporters_newest_done_period_meet() {
     std::fs::create_dir_all(&empty).unwrap();
     let spawn = |args: &[&str], config: Option<&Path>, cwd: &Path, name: &str| {
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        batchonce(&db, cwd, config)
+        batchonce(&db, config)
+            .current_dir(cwd)
             .args(args)
             .stdout(Stdio::null())
             .stderr(log)
@@ -515,7 +483,8 @@ async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
         &["produce", "--once", "--now", "2026-09-15T03:00:00Z"],
     );
     let (wport, eport, pport) = (free_port(), free_port(), free_port());
-    let worker = batchonce(&db, &empty, Some(&cfg))
+    let worker = batchonce(&db, Some(&cfg))
+        .current_dir(&empty)
         .args(["worker", "--poll-interval", "200ms", "--metrics-addr"])
         .arg(format!("127.0.0.1:{wport}"))
         .stdout(Stdio::null())
@@ -523,7 +492,8 @@ async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
         .spawn()
         .unwrap();
     // The exporter has no file: it reports every job the database knows.
-    let exporter = batchonce(&db, &empty, None)
+    let exporter = batchonce(&db, None)
+        .current_dir(&empty)
         .args(["exporter", "--interval", "1s", "--metrics-addr"])
         .arg(format!("127.0.0.1:{eport}"))
         .stdout(Stdio::null())
@@ -630,7 +600,7 @@ async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
         "BatchonceRunFailed firing for nightly-export",
         Duration::from_secs(60),
         || {
-            let alerts = http_get(pport, "/api/v1/alerts");
+            let alerts = http_get(pport, "/api/v1/alerts").map(|(_, body)| body);
             let firing = alerts.as_ref().is_some_and(|b| {
                 let v: Value = serde_json::from_str(b).unwrap_or(Value::Null);
                 v["data"]["alerts"].as_array().is_some_and(|a| {
@@ -648,14 +618,4 @@ async fn a_new_team_declares_one_command_job_and_its_failure_pages() {
     stop(worker);
     stop(exporter);
     stop(prom);
-}
-
-/// A minimal HTTP/1.0 GET on loopback, the body.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }

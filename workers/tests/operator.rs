@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchonce::testing::{wait_until, TestDb};
 use batchonce_workers::settlement;
@@ -14,6 +14,8 @@ use nix::unistd::Pid;
 use sqlx::PgPool;
 
 mod common;
+
+use common::stop;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
@@ -270,15 +272,6 @@ async fn held_past_expiry_while_a_retry_run_is_recovered(
         || async { lease(&db.pool, CONTROL).await.0 == "SUCCEEDED" },
     )
     .await;
-}
-
-fn stop(mut child: Child) {
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "worker did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use batchonce::testing::TestDb;
 use chrono::{Days, NaiveDate};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Row;
 
 mod common;
+
+use common::{free_port, http_status};
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const DATES: u64 = 3;
@@ -200,27 +200,17 @@ fn refused(url: &str, config: &Path, args: &[&str], want: &str) {
     assert!(err.contains(want), "{args:?}: {err}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The status code of an HTTP/1.0 GET on loopback, or `None` if nothing
-/// answers (test code only).
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    std::io::Read::read_to_string(&mut s, &mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// A worker process that is stopped when the test ends, even by a panic.
 struct Running(Option<Child>);
+
+impl Running {
+    /// SIGTERM, and a failed test if it does not exit in time.
+    fn stop(mut self) {
+        if let Some(child) = self.0.take() {
+            common::stop(child);
+        }
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -228,21 +218,6 @@ impl Drop for Running {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-fn stop(mut running: Running) {
-    let Some(mut child) = running.0.take() else {
-        return;
-    };
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("a worker did not stop within 15s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -381,8 +356,8 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop(w0);
-    stop(w1);
+    w0.stop();
+    w1.stop();
 
     // The oracle: every order of every run's stored period settled once,
     // under its run, by a token of its attempts, committed while that
@@ -485,6 +460,6 @@ async fn the_settlement_workload_runs_through_pgbouncer_in_transaction_mode() {
             .await
             .unwrap();
     assert_eq!(registered, 0, "the worker without --pgbouncer registered");
-    stop(plain);
+    plain.stop();
     let _ = std::fs::remove_dir_all(&bouncer.dir);
 }

@@ -15,6 +15,8 @@ use sqlx::PgPool;
 
 mod common;
 
+use common::wait_exit;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const KEY: &str = "daily-settlement:2026-09-15";
 
@@ -76,11 +78,12 @@ async fn seed(pool: &PgPool, n: i64) {
     .unwrap();
 }
 
-fn batchonce(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("DATABASE_URL", &db.url)
-        .env_remove("BATCHONCE_CONFIG")
-        .env("RUST_LOG", "info");
+/// The workers' flags here: two runs at once.
+const CONCURRENCY: &[&str] = &["--concurrency", "2"];
+
+/// The binary with `config` and `args`.
+fn bin(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Command {
+    let mut c = common::batchonce(db, None);
     // Without a file of its own, the bundled kinds the test exercises, by
     // the environment, so that a `--config` among `args` still wins.
     c.env("BATCHONCE_CONFIG", common::samples_config());
@@ -91,44 +94,8 @@ fn batchonce(db: &TestDb, config: Option<&PathBuf>, args: &[&str]) -> Command {
     c
 }
 
-fn spawn_worker(db: &TestDb, config: &PathBuf, dir: &std::path::Path, id: &str) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-    batchonce(
-        db,
-        Some(config),
-        &["--log-format", "json", "worker", "--worker-id", id],
-    )
-    .args([
-        "--concurrency",
-        "2",
-        "--poll-interval",
-        "200ms",
-        "--grace",
-        "5s",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(log)
-    .spawn()
-    .unwrap()
-}
-
 fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 async fn run_row(pool: &PgPool) -> (String, i32, i64, Option<String>) {
@@ -176,7 +143,7 @@ async fn assert_settled_exactly(pool: &PgPool, n: i64) {
 }
 
 fn enqueue_output(db: &TestDb) -> Output {
-    batchonce(
+    bin(
         db,
         None,
         &["enqueue", "daily-settlement", "--date", "2026-09-15"],
@@ -190,7 +157,7 @@ async fn racing_enqueue_processes_make_one_run() {
     let db = db().await;
     let children: Vec<Child> = (0..8)
         .map(|_| {
-            batchonce(
+            bin(
                 &db,
                 None,
                 &["enqueue", "daily-settlement", "--date", "2026-09-15"],
@@ -222,7 +189,7 @@ async fn racing_enqueue_processes_make_one_run() {
         .await
         .unwrap();
     assert_eq!(rows, 1);
-    let out = batchonce(
+    let out = bin(
         &db,
         None,
         &[
@@ -243,8 +210,8 @@ async fn racing_enqueue_processes_make_one_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_write_one_set_of_items() {
     let (db, dir, cfg) = settlement_run("two-workers", 1500).await;
-    let mut a = spawn_worker(&db, &cfg, &dir, "wa");
-    let mut b = spawn_worker(&db, &cfg, &dir, "wb");
+    let mut a = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "wa", CONCURRENCY);
+    let mut b = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "wb", CONCURRENCY);
     wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 1500).await;
     let (_, attempts, processed, _) = run_row(&db.pool).await;
@@ -259,7 +226,7 @@ async fn two_workers_write_one_set_of_items() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
     let (db, dir, cfg) = settlement_run("sigkill", 1500).await;
-    let mut a = spawn_worker(&db, &cfg, &dir, "victim");
+    let mut a = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "victim", CONCURRENCY);
     wait_mid_run(&db.pool, 100).await;
     signal(&a, Signal::SIGKILL);
     let _ = wait_exit(&mut a, Duration::from_secs(5));
@@ -267,7 +234,7 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
     assert_eq!(owner.as_deref(), Some("victim"));
     assert!(at_kill < 1500, "the run was not mid-way when killed");
 
-    let mut b = spawn_worker(&db, &cfg, &dir, "rescuer");
+    let mut b = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "rescuer", CONCURRENCY);
     wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 1500).await;
     let (_, attempts, processed, _) = run_row(&db.pool).await;
@@ -295,7 +262,7 @@ async fn sigkill_of_the_lease_holder_then_another_worker_resumes_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_0_and_releases_the_lease() {
     let (db, dir, cfg) = settlement_run("sigterm", 3000).await;
-    let mut a = spawn_worker(&db, &cfg, &dir, "leaver");
+    let mut a = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "leaver", CONCURRENCY);
     wait_mid_run(&db.pool, 60).await;
     signal(&a, Signal::SIGTERM);
     let st = wait_exit(&mut a, Duration::from_secs(10));
@@ -318,7 +285,7 @@ async fn sigterm_exits_0_and_releases_the_lease() {
     assert_eq!(outcome, "released");
 
     // Another worker picks it up at once (no lease to wait out) and finishes.
-    let mut b = spawn_worker(&db, &cfg, &dir, "finisher");
+    let mut b = common::spawn_worker(bin(&db, Some(&cfg), &[]), &dir, "finisher", CONCURRENCY);
     wait_for_status(&db.pool, "SUCCEEDED").await;
     assert_settled_exactly(&db.pool, 3000).await;
     signal(&b, Signal::SIGTERM);
@@ -330,7 +297,7 @@ async fn inspection_commands_and_migrate() {
     let db = db().await;
     // migrate is idempotent on a migrated database.
     for _ in 0..2 {
-        let out = batchonce(&db, None, &["migrate"]).output().unwrap();
+        let out = bin(&db, None, &["migrate"]).output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -338,23 +305,21 @@ async fn inspection_commands_and_migrate() {
         );
     }
     assert!(enqueue_output(&db).status.success());
-    let out = batchonce(&db, None, &["--json", "runs", "list"])
+    let out = bin(&db, None, &["--json", "runs", "list"])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["job_key"], KEY);
     assert_eq!(v[0]["status"], "PENDING");
-    let out = batchonce(&db, None, &["--json", "runs", "show", KEY])
+    let out = bin(&db, None, &["--json", "runs", "show", KEY])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["run"]["attempts"], 0);
-    let out = batchonce(&db, None, &["--json", "status"])
-        .output()
-        .unwrap();
+    let out = bin(&db, None, &["--json", "status"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["counts"][0]["runs"], 1);
-    let out = batchonce(
+    let out = bin(
         &db,
         None,
         &[
@@ -462,7 +427,7 @@ async fn bad_input_gets_one_error_line_and_changes_nothing() {
         ),
     ];
     for (args, expect) in &cases {
-        let out = batchonce(&db, None, args).output().unwrap();
+        let out = bin(&db, None, args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert_eq!(
@@ -872,7 +837,7 @@ fn demo_without_postgresql_says_how_to_fix_it() {
 async fn a_worker_refuses_an_unmigrated_database() {
     // Engine tables only: the settlement migrations are pending.
     let db = TestDb::new(&[]).await;
-    let out = batchonce(&db, None, &["worker"]).output().unwrap();
+    let out = bin(&db, None, &["worker"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     let last = err.trim_end().lines().last().unwrap_or("");
@@ -888,7 +853,7 @@ async fn racing_producer_processes_enqueue_each_key_once() {
     let db = db().await;
     let children: Vec<Child> = (0..8)
         .map(|_| {
-            batchonce(
+            bin(
                 &db,
                 None,
                 &[
@@ -947,7 +912,7 @@ async fn enqueue_backfills_a_range_and_reports_skips() {
     let dir = scratch("backfill");
     let cfg = dir.join("cal.toml");
     std::fs::write(&cfg, "[jobs.daily-settlement]\nskip_weekdays = [\"sun\"]\n").unwrap();
-    let out = batchonce(
+    let out = bin(
         &db,
         Some(&cfg),
         &[
@@ -998,13 +963,13 @@ async fn enqueue_backfills_a_range_and_reports_skips() {
     ] {
         let mut a = vec!["enqueue", "daily-settlement"];
         a.extend(args.iter().copied());
-        let out = batchonce(&db, None, &a).output().unwrap();
+        let out = bin(&db, None, &a).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(expect), "{a:?}: {err}");
     }
-    let bad_now = batchonce(&db, None, &["produce", "--once", "--now", "tomorrow"])
+    let bad_now = bin(&db, None, &["produce", "--once", "--now", "tomorrow"])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&bad_now.stderr).contains("invalid instant"));
@@ -1014,7 +979,7 @@ async fn enqueue_backfills_a_range_and_reports_skips() {
         "[jobs.daily-settlement]\nschedule = \"0 1 * *\"\n",
     )
     .unwrap();
-    let out = batchonce(&db, Some(&bad_cron), &["produce", "--once"])
+    let out = bin(&db, Some(&bad_cron), &["produce", "--once"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1027,7 +992,7 @@ async fn enqueue_backfills_a_range_and_reports_skips() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_passes_and_cleans_up() {
     let db = db().await;
-    let out = batchonce(&db, None, &["preflight", "--processes", "6"])
+    let out = bin(&db, None, &["preflight", "--processes", "6"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -1054,7 +1019,7 @@ async fn preflight_passes_and_cleans_up() {
     assert_eq!(left, 0, "preflight left its scratch run behind");
     // Against an unmigrated schema it fails and says why.
     let bare = TestDb::new(&[]).await;
-    let out = batchonce(&bare, None, &["preflight"]).output().unwrap();
+    let out = bin(&bare, None, &["preflight"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout)
         .contains("migrations pending: run `batchonce migrate`"));

@@ -13,6 +13,8 @@ use chrono::NaiveDate;
 
 mod common;
 
+use common::ok;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 
 /// The URL of `url`'s server as `user`, who logs in with `password`: the
@@ -32,16 +34,6 @@ fn run(url: &str, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn denied(url: &str, sql: &str) {

@@ -48,10 +48,12 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn batchonce(db: &TestDb, cfg: &std::path::Path, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_batchonce"))
-        .env("DATABASE_URL", &db.url)
-        .env("BATCHONCE_CONFIG", cfg)
+/// Runs the binary with `cfg`: whether it succeeded, its stdout and its
+/// stderr, which holds only what the command says (no info logs, so that
+/// a log line cannot pass for the error a test looks for).
+fn run(db: &TestDb, cfg: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = common::batchonce(db, Some(cfg))
+        .env_remove("RUST_LOG")
         .args(args)
         .output()
         .unwrap();
@@ -199,13 +201,13 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     let dir = scratch("rerun");
     let cfg = dir.join("batchonce.toml");
     std::fs::write(&cfg, CONFIG).unwrap();
-    let (ok_, out, err) = batchonce(&db, &cfg, &["status"]);
+    let (ok_, out, err) = run(&db, &cfg, &["status"]);
     assert!(ok_, "{err}");
     assert!(
         out.contains(&format!("  {PERIOD} FAILED: seller-{POISONED_SELLER}\n")),
         "{out}"
     );
-    let (ok_, out, err) = batchonce(
+    let (ok_, out, err) = run(
         &db,
         &cfg,
         &[
@@ -218,7 +220,7 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     assert!(ok_, "{err}");
     assert!(out.contains(&bad_key) && out.contains("FAILED"), "{out}");
     assert_eq!(out.matches(PERIOD).count(), 1, "{out}");
-    let (ok_, _, err) = batchonce(&db, &cfg, &["runs", "list", "--scope", "Seller 17"]);
+    let (ok_, _, err) = run(&db, &cfg, &["runs", "list", "--scope", "Seller 17"]);
     assert!(!ok_);
     assert!(err.contains("scope"), "{err}");
     // The exporter's gauges: five series per job, and the period is not
@@ -239,7 +241,7 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
         .execute(pool)
         .await
         .unwrap();
-    let (ok_, out, err) = batchonce(
+    let (ok_, out, err) = run(
         &db,
         &cfg,
         &[

@@ -21,6 +21,8 @@ use sqlx::PgPool;
 
 mod common;
 
+use common::ok;
+
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
 const JOB: &str = "daily-settlement";
 
@@ -105,16 +107,6 @@ fn bin(url: &str, cfg: Option<&PathBuf>, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn setup(name: &str) -> (TestDb, common::logins::Logins, PathBuf) {

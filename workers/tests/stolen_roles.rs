@@ -15,6 +15,8 @@ use sqlx::PgPool;
 
 mod common;
 
+use common::ok;
+
 use common::logins::Logins;
 
 const BIN: &str = env!("CARGO_BIN_EXE_batchonce");
@@ -37,16 +39,6 @@ fn run(url: &str, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn exec(pool: &PgPool, sql: &str) {

@@ -1,64 +1,24 @@
 //! The private PostgreSQL cluster that `demo` and the tests use when no
 //! `DATABASE_URL` is given: started from the PostgreSQL binaries installed on
-//! the machine, with its data and unix socket under a project folder, no TCP
-//! port, and reused on the next run. It is for the demo and the tests only,
-//! never for production (docs/security.md, "The embedded cluster").
+//! the machine ([`find_bindir`]), with its data and unix socket under a
+//! project folder, no TCP port, and reused on the next run. It is for the
+//! demo and the tests only, never for production (`docs/security.md`, "The
+//! embedded cluster"). [`Cluster::start`] says step by step how a cluster is
+//! found, made and started.
 //!
-//! Only the user who started it can connect: its folders are 0700 (as root,
-//! owned by `postgres`, whom root can still reach), its socket is 0700, and
-//! every login needs a random password (SCRAM) kept in a 0600 file that only
-//! that user can read. Every folder is verified before anything is written
-//! into it, without following a symlink (`verified`), and no path ever goes
-//! through a shell: the server is started directly, its settings as
-//! separate arguments.
+//! Invariants (`workers/tests/embedded.rs` checks all three):
 //!
-//! The private PostgreSQL cluster used by `demo` and the tests when there is no `DATABASE_URL`. It
-//! is for the demo and the tests only, never for production (docs/security.md, "The embedded
-//! cluster").
+//! - Only the user who started it can connect: its folders are 0700 (as
+//!   root, owned by `postgres`, whom root can still reach), its socket is
+//!   0700, and every login needs a random password (SCRAM) kept in a 0600
+//!   file that only that user can read.
+//! - Every folder is verified before anything is written into it, without
+//!   following a symlink (`verified`).
+//! - No path ever goes through a shell: the server, `pg_ctl stop` and
+//!   `pg_ctl status` are started directly, their settings as separate
+//!   arguments.
 //!
-//! `find_bindir` uses `$BATCHONCE_PG_BINDIR` if it is set; an explicit choice is final, with no
-//! search behind it. Otherwise it looks at `pg_config --bindir`, then at the highest
-//! `/usr/lib/postgresql/<major>/bin`.
-//!
-//! `Cluster::start` does the following:
-//!
-//! - **It picks the folder.** The folder is `opts.dir`. Only its parent is resolved (and created if
-//!   missing), so a symlink in the folder's own name is seen, not followed. As root, everything
-//!   runs as the `postgres` user. If `postgres` cannot reach the folder (a private home such as
-//!   `/root`), the cluster moves to `/tmp/batchonce-pg-<16 hex>` (`relocation_for`).
-//!   `Cluster::dir()` reports where it ended up.
-//! - **It verifies the folder** (`verified::ensure_dir`) and serializes starters with an `flock` on
-//!   `<dir>/lock`.
-//! - **It verifies the socket folder.** That is `<dir>/sock`, or `/tmp/batchonce-sock-<16 hex>` if
-//!   the path would be too long for a socket (`socket_dir_for`). Both `/tmp` names are the FNV-1a
-//!   hash of the folder's path, which is stable across Rust toolchains (std's `DefaultHasher` is
-//!   not), so the same project finds the same cluster again.
-//! - **It reads the password** from `<dir>/pgpass` (`PASSWORD_FILE`, libpq's password-file format).
-//!   If the file is missing, the cluster is new, half-made, or from an earlier version with trust
-//!   authentication; in that case `initialise` stops any server in `data/`, deletes `data/` and
-//!   runs `initdb --auth=scram-sha-256` with a new random password (`secret::Secret`). `initdb`
-//!   reads the password from a 0600 file owned by the server's user, removed right after. `pgpass`
-//!   is written last, so its presence means that the cluster is complete.
-//! - **It starts `postgres` directly** if the server is not running, and otherwise attaches to it.
-//!   The server gets `listen_addresses=''`, `unix_socket_permissions=0700`, the socket folder,
-//!   `max_connections` and, for tests, `fsync=off`. It runs in a process group of its own, with an
-//!   empty environment plus `LC_ALL`, `PATH` and `TZ`. Start-up waits until `postmaster.pid` (of
-//!   our own child's pid) says `ready`.
-//!
-//! `Cluster::url` is `postgres://postgres:<password>@localhost/<db>?host=<socket folder>`,
-//! percent-encoded as both sqlx and libpq decode it (a space is `%20`, never `+`). A socket folder
-//! that is not UTF-8 is refused at start. `Cluster`'s `Debug` shows `Secret(***)`.
-//!
-//! `Cluster::stop` is a fast shutdown, which disconnects every session cleanly; the data stays for
-//! the next start. `Cluster::stop_with(immediate)` picks the mode: with `true`, an immediate
-//! shutdown, which aborts without a checkpoint as a crash would, so the next start recovers from
-//! the WAL; with `false`, the fast shutdown of `stop`. The fault suite restarts a cluster both ways
-//! in the middle of a workload. `pg_ctl stop` and `pg_ctl status` use no shell. A server this
-//! process started is its child, and is reaped after a stop.
-//!
-//! Test clusters turn off fsync. The demo's cluster keeps it on.
-//!
-//! `workers/tests/embedded.rs` checks all three invariants.
+//! Test clusters turn off fsync; the demo's cluster keeps it on.
 
 mod secret;
 mod verified;
@@ -132,7 +92,10 @@ pub struct Cluster {
     pub started_here: bool,
 }
 
-/// Finds the installed server binaries (`initdb`, `pg_ctl`, `postgres`).
+/// Finds the installed server binaries (`initdb`, `pg_ctl`, `postgres`):
+/// `$BATCHONCE_PG_BINDIR` if it is set (an explicit choice is final, with
+/// no search behind it), otherwise `pg_config --bindir`, then the highest
+/// `/usr/lib/postgresql/<major>/bin`.
 pub fn find_bindir() -> Result<PathBuf, EmbeddedError> {
     let has_server = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
     // An explicit choice is final: no search behind the operator's back.
@@ -172,6 +135,32 @@ impl Cluster {
     /// Starts the cluster in `opts.dir`, creating it on first use, or attaches
     /// to it if it is already running. Safe to call from several threads and
     /// processes at once: a lock file serializes them.
+    ///
+    /// - **It picks the folder.** Only the parent of `opts.dir` is resolved
+    ///   (and created if missing), so a symlink in the folder's own name is
+    ///   seen, not followed. As root, everything runs as the `postgres`
+    ///   user; if `postgres` cannot reach the folder (a private home such as
+    ///   `/root`), the cluster moves to [`relocation_for`]. [`Cluster::dir`]
+    ///   reports where it ended up.
+    /// - **It verifies the folder** (`verified::ensure_dir`) and serializes
+    ///   starters with an `flock` on `<dir>/lock`.
+    /// - **It verifies the socket folder** ([`socket_dir_for`]).
+    /// - **It reads the password** from `<dir>/pgpass` ([`PASSWORD_FILE`],
+    ///   libpq's password-file format). If the file is missing, the cluster
+    ///   is new, half-made, or from an earlier version with trust
+    ///   authentication; then `initialise` stops any server in `data/`,
+    ///   deletes `data/` and runs `initdb --auth=scram-sha-256` with a new
+    ///   random password (`secret::Secret`). `initdb` reads the password
+    ///   from a 0600 file owned by the server's user, removed right after.
+    ///   `pgpass` is written last, so its presence means that the cluster is
+    ///   complete.
+    /// - **It starts `postgres` directly** if the server is not running,
+    ///   and otherwise attaches to it. The server gets
+    ///   `listen_addresses=''`, `unix_socket_permissions=0700`, the socket
+    ///   folder, `max_connections` and, for tests, `fsync=off`. It runs in a
+    ///   process group of its own, with an empty environment plus `LC_ALL`,
+    ///   `PATH` and `TZ`. Start-up waits until `postmaster.pid` (of our own
+    ///   child's pid) says `ready`.
     pub fn start(opts: &ClusterOptions) -> Result<Self, EmbeddedError> {
         let bindir = find_bindir()?;
         // PostgreSQL refuses to run as root; as root we run it as `postgres`.
@@ -374,7 +363,9 @@ impl Cluster {
 
     /// Stops the cluster: `immediate` aborts without a checkpoint, as a
     /// crash would (the next start recovers from the WAL); otherwise a fast
-    /// shutdown that disconnects every session cleanly.
+    /// shutdown that disconnects every session cleanly. The fault suite
+    /// restarts a cluster both ways in the middle of a workload. A server
+    /// this process started is its child, and is reaped after a stop.
     pub fn stop_with(&self, immediate: bool) -> Result<(), EmbeddedError> {
         let mode = if immediate { "immediate" } else { "fast" };
         // `pg_ctl stop` signals the server and waits for it; no shell.
@@ -406,7 +397,10 @@ impl Cluster {
 
     /// The URL of a database on this cluster (over the unix socket), with
     /// the password: for connections of this user and its child processes.
-    /// Print it only through `db::redact`.
+    /// Print it only through `db::redact`. Percent-encoded as both sqlx and
+    /// libpq decode it (a space is `%20`, never `+`); a socket folder that
+    /// is not UTF-8 is refused at start. `Cluster`'s `Debug` shows
+    /// `Secret(***)`.
     pub fn url(&self, database: &str) -> String {
         // `start` refused a socket folder that is not UTF-8.
         let socket = self.socket_dir.to_string_lossy();
@@ -499,7 +493,8 @@ pub fn relocation_for(dir: &Path) -> PathBuf {
 /// Where the socket of the cluster in the absolute folder `dir` lives:
 /// `<dir>/sock`, or, when that path is too long for a unix socket (about 107
 /// bytes), `/tmp/batchonce-sock-<16 hex>` named after `dir`, verified as
-/// [`relocation_for`] says.
+/// [`relocation_for`] says. Both `/tmp` names are the FNV-1a hash of the
+/// folder's path, stable across Rust toolchains.
 pub fn socket_dir_for(dir: &Path) -> PathBuf {
     let inside = dir.join("sock");
     if inside.as_os_str().len() + "/.s.PGSQL.5432".len() < 100 {

@@ -6,46 +6,28 @@
 //! again with the hidden first argument [`MARKER`], which
 //! [`run_if_invoked`] recognises.
 //!
-//! This module owns both ends (the supervisor here, the worker's in
-//! `handle.rs`) and the line protocol between them (`protocol.rs`). The
-//! supervisor's stdin is one end of a Unix socket pair whose other end the
-//! worker's [`Supervised`] holds:
+//! This module owns both ends (the supervisor here, the worker's
+//! [`Supervised`] in `handle.rs`) and the line protocol between them on a
+//! Unix socket pair that is the supervisor's stdin (`protocol.rs`, where
+//! each line is described).
 //!
-//! - worker to supervisor: `env <json>` (the program's whole environment,
-//!   before the first renewal; it holds credentials, so no message ever
-//!   repeats an unreadable line, only its first word and length),
-//!   `renew <ms>` (the deadline becomes now + ms on the supervisor's
-//!   monotonic clock; the first one starts the program),
-//!   `term` (SIGTERM to the group) and `kill` (SIGKILL to the group). End of
-//!   file, when the worker dies or drops its handle, is SIGKILL to the group.
-//! - supervisor to worker: `started <pid>` or `failed <errno> <message>`,
-//!   then, once the program has ended and whatever was left in its group has
-//!   been SIGKILLed, one of `exit <code>`, `signal <n>` or `expired` (killed
-//!   because the deadline passed).
+//! Invariants:
 //!
-//! The supervisor itself starts with an empty environment: it needs none,
-//! and the worker's holds secrets (its database URL, tokens). Like every
-//! batchonce process it is non-dumpable ([`run_if_invoked`] does that
-//! first). The program gets exactly the variables of the `env` line, and,
-//! with `--as UID:GID:GROUPS` (a job's `run_as_user`), that identity,
-//! switched to between fork and exec (see [`crate::runtime::isolation`]).
-//!
-//! The program runs in a process group of its own, with stdin from
-//! `/dev/null`, the supervisor's stdout and stderr (the worker's capture
-//! pipes), the signal mask the supervisor inherited, and
-//! `PR_SET_PDEATHSIG = SIGKILL` tied to the supervisor (set after the
-//! switch of identity, which clears it). The supervisor
-//! blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP: it acts only on its
-//! socket and its deadline, so a terminal's ^C or a service manager's
-//! SIGTERM does not skip the worker's `kill_grace`, and ^Z, which stops the
-//! worker, does not stop the supervisor. Only SIGKILL ends it early, and the
-//! kernel then kills the program.
-//!
-//! A binary that runs the worker without [`crate::cli::main`] must call
-//! [`run_if_invoked`] first thing in its `main`; otherwise its command jobs
-//! fail with a retryable error that says so. The worker starts
-//! `/proc/self/exe`, the image it is running, so a binary replaced on disk
-//! by a deploy still speaks the same protocol.
+//! - The supervisor SIGKILLs the program's group when the deadline passes,
+//!   on `kill`, on end of file (the worker died or dropped its handle) and,
+//!   before its last report, after the program has ended.
+//! - It acts only on its socket and its deadline: it blocks the signals of
+//!   `BLOCKED`, so only SIGKILL ends it early, and the kernel then kills
+//!   the program (`PR_SET_PDEATHSIG`).
+//! - The supervisor starts with an empty environment: it needs none, and the
+//!   worker's holds secrets (its database URL, tokens). Like every batchonce
+//!   process it is non-dumpable. The program gets exactly the variables of
+//!   the `env` line, and no message ever quotes that line.
+//! - A binary that runs the worker without [`crate::cli::main`] must call
+//!   [`run_if_invoked`] first thing in its `main`; otherwise its command jobs
+//!   fail with a retryable error that says so. The worker starts
+//!   `/proc/self/exe`, the image it is running, so a binary replaced on disk
+//!   by a deploy still speaks the same protocol.
 //!
 //! Limits: the deadline is on `CLOCK_MONOTONIC`, which does not count
 //! system suspend. A host or cgroup frozen as a whole freezes the supervisor
@@ -79,7 +61,10 @@ pub const MARKER: &str = "__batchonce-supervise";
 /// How long the worker waits for `started` before it gives up.
 pub const START_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Signals the supervisor never acts on (see the module documentation).
+/// Signals the supervisor blocks and never acts on: a terminal's ^C or a
+/// service manager's SIGTERM must not skip the worker's `kill_grace`, and
+/// ^Z, which stops the worker, must not stop the supervisor. The program
+/// inherits the supervisor's signal mask as it was before this.
 const BLOCKED: [Signal; 5] = [
     Signal::SIGINT,
     Signal::SIGTERM,
@@ -386,6 +371,11 @@ fn report(socket: &mut StdUnixStream, r: &Report) {
     let _ = socket.write_all(r.line().as_bytes());
 }
 
+/// The program itself runs in a process group of its own, with stdin from
+/// `/dev/null` and the supervisor's stdout and stderr (the worker's capture
+/// pipes); with `--as UID:GID:GROUPS` (a job's `run_as_user`) it switches
+/// identity here (see [`crate::runtime::isolation`]).
+///
 /// Runs in the program's process before exec: the signal mask the
 /// supervisor inherited, the identity of `run_as_user` if the job names
 /// one (and then a working directory that identity can search), otherwise

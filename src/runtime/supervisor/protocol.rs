@@ -8,12 +8,24 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// A line from the worker to the supervisor. Its `Debug` shows the names
-/// of an environment's variables, never their values.
+/// of an environment's variables, never their values. End of file, when
+/// the worker dies or drops its handle, acts as `kill`.
+///
+/// The protocol runs on a socket pair rather than a pipe on fd 3: it keeps
+/// the supervisor free of raw file descriptors (no `unsafe` but the
+/// `pre_exec` hook), and lets tests drive it by hand.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Control {
+    /// `env <json>`: the program's whole environment, before the first
+    /// renewal. It holds credentials, so no message ever repeats an
+    /// unreadable line, only its first word and length ([`describe_line`]).
     Env(Vec<(String, String)>),
+    /// `renew <ms>`: the deadline becomes now + ms on the supervisor's
+    /// monotonic clock; the first one starts the program.
     Renew(Duration),
+    /// `term`: SIGTERM to the program's group.
     Term,
+    /// `kill`: SIGKILL to the program's group.
     Kill,
 }
 
@@ -76,13 +88,20 @@ pub fn describe_line(line: &str) -> String {
     }
 }
 
-/// A line from the supervisor to the worker.
+/// A line from the supervisor to the worker: `started <pid>` or `failed
+/// <errno> <message>`, then, once the program has ended and whatever was
+/// left in its group has been SIGKILLed, one of `exit <code>`, `signal <n>`
+/// or `expired`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
     Started(u32),
-    Failed { errno: i32, message: String },
+    Failed {
+        errno: i32,
+        message: String,
+    },
     Exited(i32),
     Signalled(i32),
+    /// Killed because the deadline passed.
     Expired,
 }
 

@@ -83,6 +83,11 @@ pub(super) async fn finish_with_retries(
     }
 }
 
+/// Releases the run for any worker, up to three tries. The attempt counts
+/// as `released` only once its release statement has succeeded; a release
+/// refused for a lost lease, or failed three times, counts none. After an
+/// abort it bypasses the completer and calls `queue::finish_many_within`
+/// ([`release_now`]).
 pub(super) async fn release(shared: &Shared, lease: &Lease, counts: AttemptCounts) {
     // After an abort the process is about to exit: the release must not
     // wait for a lock it cannot end (a command job's program's session), so

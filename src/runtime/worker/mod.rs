@@ -1,64 +1,33 @@
 //! The worker runtime: claims runs, executes their handlers with bounded
 //! concurrency, heartbeats every held lease on its own connection and
 //! schedule, recovers expired leases, wakes on NOTIFY (polling as fallback),
-//! and shuts down gracefully. Transient database errors are logged and retried
-//! with backoff; they never end the process.
+//! and shuts down gracefully. [`run`] owns one process's claim loop and
+//! `execute` one attempt; claimed runs wait in a bounded local queue
+//! (`prefetch.rs`); four service loops run beside them: a completer
+//! (`finish.rs`), and a heartbeat loop, a recovery loop and a LISTEN loop
+//! (`loops.rs`).
 //!
-//! `worker::run` owns one process's claim loop. Claimed runs go to a bounded local queue
-//! (`prefetch.rs`) and start as soon as an execution slot (a `Semaphore` sized `--concurrency`) is
-//! free; a claim asks for the free slots plus the queue's earned target (the runs this process
-//! started in the last 50 ms, at most `--prefetch`), runs as a task of its own so runs keep
-//! starting while it is out, and wakes the loop on NOTIFY, on `--poll-interval`, when a task ends,
-//! when a handler gives its slot back (`slot_freed`) or when a queued run reaches its deadline
-//! (then released for any worker). A run gives its execution slot back as soon as its handler has
-//! returned, after taking a slot of a second semaphore, `FINISHING_PER_SLOT` (4) × `--concurrency`
-//! plus `--prefetch`, for its finish, so the next claim overlaps the finish and the completer's
-//! batches can grow, while a process never holds more than 5 × `--concurrency` + 2 × `--prefetch`
-//! leases even when finishes stall. Up to `CLAIMS_IN_FLIGHT` (2) claims and one finish statement
-//! are in flight at a time: with one claim, its statement was busy 93 % of a drain's wall time at
-//! `--concurrency 32`, and a second drained 5 % faster, while a second finish stream made more,
-//! smaller batches and drained no faster (BENCHMARKS.md). Every claim asks only for room that the
-//! claims already out have not asked for (`requested`), so the bounds above hold whatever is in
-//! flight. At shutdown the queued runs, and those of a claim still out, are released. It
-//! runs four service loops: a completer (`finish.rs`), and a heartbeat loop, a recovery loop and a
-//! LISTEN loop (`loops.rs`).
+//! Invariants:
 //!
-//! `execute` runs one attempt. It registers the lease in the in-memory `held` map that feeds
-//! heartbeats, gives the handler's `JobContext` the lease-lost token (`with_lease_lost`), which the
-//! heartbeat loop and self-fencing cancel before the cancellation token, and the lease's renewals
-//! (`with_lease_renewals`): seeded with the instant taken before the claim statement, then
-//! published by the heartbeat loop, with the instant taken before its statement, for every run it
-//! reports `extended`. Then it spawns the handler. It then waits for the handler, for the lease to
-//! be lost, or for an abort. It maps the result to a `Finish`. A lost lease finishes nothing. A
-//! cancel caused by shutdown, or an abort, becomes `Release`. A handler that returns
-//! `JobError::Cancelled` with neither a shutdown nor a lost lease becomes `Retry` with the usual
-//! backoff, so it cannot release and re-claim its run forever. `execute` also counts the attempt:
-//! `batchonce_attempts_total` and the `batchonce_run_duration_seconds` histogram (from the claim to
-//! the end, labels `job` and `outcome`), with `lease_lost` for a lost lease (which also adds to
-//! `batchonce_leases_lost_total`), and otherwise the outcome of the `finish` statement once it has
-//! committed. A `finish` refused because the lease was lost counts an attempt with outcome
-//! `lease_lost` and a lost lease too. `release` counts an attempt as `released` only once its
-//! release statement has succeeded; a release refused for a lost lease, or failed three times,
-//! counts none. The `run finished` log event carries `started_at` and `finished_at`. Shutdown is
-//! split into two cancellation tokens. `shutdown` stops claims and asks handlers to stop at a chunk
-//! boundary. `abort` drops handlers and rolls back their open chunk; it fires after `--grace` (the
-//! command line exits at once on a second signal, see `src/cli/`).
-//!
-//! What a shutdown guarantees: after `abort`, `worker::run` returns within `ABORT_BOUND` (5 s),
-//! whatever handlers wait for, so the process exits within `--grace` + 5 s of the first signal.
-//! Dropping a handler does not stop a statement it had sent: the server keeps running it, and a
-//! statement waiting for another session's lock keeps its fenced transaction, and so the run's row,
-//! locked, while every takeover (the release first) waits for that row. So `execute` reads the
-//! run's open fenced sessions (`FenceSessions::snapshot`, before the drop removes them), drops the
-//! handler, and ends those sessions that are still in the same transaction (pid and `xact_start`
-//! together, so a reused pid or a session that has moved on is never touched) with
-//! `blockers::terminate_own` on the heartbeat pool, within 1 s, logging `abandoned handler: ended
-//! its own blocked database session(s)`. It does this for a lost lease too, which frees the row for
-//! whoever takes the run over. After an abort, `release` bypasses the completer and calls
-//! `queue::finish_many_within` with a 1 s lock timeout per try, so a lock the worker cannot end (a
-//! command job's program's session) costs at most three tries. `run` waits `ABANDON_BOUND` (3 s)
-//! for the run tasks and then aborts them, leaving their leases to expire. It gives the service
-//! loops until 4 s and the registry row until 5 s.
+//! - Transient database errors are logged and retried with backoff; they
+//!   never end the process.
+//! - A process never holds more than 5 × `--concurrency` + 2 × `--prefetch`
+//!   leases, even when finishes stall: every claim asks only for room that
+//!   the claims already out have not asked for (`requested`).
+//! - A lost lease finishes nothing. A handler that returns
+//!   `JobError::Cancelled` with neither a shutdown nor a lost lease is
+//!   retried with the usual backoff, so it cannot release and re-claim its
+//!   run forever.
+//! - Shutdown is two cancellation tokens ([`Shutdown`]). `shutdown` stops
+//!   claims and asks handlers to stop at a chunk boundary; the queued runs,
+//!   and those of a claim still out, are released. `abort` (after `--grace`)
+//!   drops the handlers and rolls back their open chunk, and `run` then
+//!   returns within [`ABORT_BOUND`], whatever handlers wait for, so the
+//!   process exits within `--grace` + 5 s of the first signal.
+//! - Dropping a handler does not stop a statement it had sent, so the worker
+//!   ends the abandoned handler's sessions that are still in its fenced
+//!   transactions (never a reused pid or a session that has moved on), which
+//!   frees the run's row for whoever takes the run over.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -171,11 +140,13 @@ struct Held {
 pub const ABORT_BOUND: Duration = Duration::from_secs(5);
 /// The part of [`ABORT_BOUND`] the run tasks get to end their abandoned
 /// sessions and release their runs; what is not released by then is left
-/// to expire and be recovered.
+/// to expire and be recovered. [`run`] waits this long for the run tasks
+/// and then aborts them; it gives the service loops until 4 s and the
+/// registry row until 5 s.
 const ABANDON_BOUND: Duration = Duration::from_secs(3);
 /// How long a release after an abort waits for the run's row (a session
 /// the worker does not control, such as a command job's program, may hold
-/// it), per try.
+/// it), per try: a lock the worker cannot end costs at most three tries.
 const ABANDONED_RELEASE_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
 
 struct Shared {
@@ -210,6 +181,8 @@ struct Shared {
 /// the serial part of a drain at concurrency 32; a second overlaps it (its
 /// pick skips the first one's locked rows) and drained 5 % faster; a third,
 /// tried beside two finish streams, nothing more (BENCHMARKS.md, sixth round).
+/// One finish statement is in flight at a time: a second finish stream made
+/// more, smaller batches and drained no faster.
 const CLAIMS_IN_FLIGHT: usize = 2;
 
 /// Finishes that may wait per execution slot. Room for several lets the
@@ -230,6 +203,20 @@ struct FinishRequest {
 ///
 /// `pool` serves claims and handlers; `heartbeat_pool` is reserved for
 /// heartbeats so that a pool busy with handlers cannot delay them.
+///
+/// Claimed runs go to the bounded local queue (`prefetch.rs`) and start as
+/// soon as an execution slot (a `Semaphore` sized `--concurrency`) is free.
+/// A claim asks for the free slots plus the queue's earned target (the runs
+/// this process started in the last 50 ms, at most `--prefetch`), runs as a
+/// task of its own so runs keep starting while it is out, and at most
+/// [`CLAIMS_IN_FLIGHT`] are out at a time. The loop wakes on NOTIFY, on
+/// `--poll-interval`, when a task ends, when a handler gives its slot back
+/// (`slot_freed`) or when a queued run reaches its deadline (then released
+/// for any worker). A run gives its execution slot back as soon as its
+/// handler has returned, after taking a slot of a second semaphore,
+/// [`FINISHING_PER_SLOT`] × `--concurrency` plus `--prefetch`, for its
+/// finish, so the next claim overlaps the finish and the completer's
+/// batches can grow.
 pub async fn run(
     registry: Registry,
     config: Config,
@@ -673,6 +660,31 @@ fn log_task_end(done: Result<(), tokio::task::JoinError>) {
 
 /// One attempt, from claimed lease to finish. `slot` is its execution slot,
 /// given back as soon as the handler has returned.
+///
+/// It registers the lease in the in-memory `held` map that feeds
+/// heartbeats, and gives the handler's `JobContext` the lease-lost token
+/// (`with_lease_lost`), which the heartbeat loop and self-fencing cancel
+/// before the cancellation token, and the lease's renewals
+/// (`with_lease_renewals`): seeded with the instant taken before the claim
+/// statement, then published by the heartbeat loop, with the instant taken
+/// before its statement, for every run it reports `extended`. It spawns the
+/// handler and waits for it, for the lease to be lost, or for an abort, and
+/// maps the result to a `Finish`: a lost lease finishes nothing; a cancel
+/// caused by shutdown, or an abort, becomes `Release`.
+///
+/// It counts the attempt: `batchonce_attempts_total` and the
+/// `batchonce_run_duration_seconds` histogram (from the claim to the end,
+/// labels `job` and `outcome`), with `lease_lost` for a lost lease (which
+/// also adds to `batchonce_leases_lost_total`), and otherwise the outcome
+/// of the `finish` statement once it has committed. A `finish` refused
+/// because the lease was lost counts an attempt with outcome `lease_lost`
+/// and a lost lease too. The `run finished` log event carries `started_at`
+/// and `finished_at`.
+///
+/// On an abort or a lost lease, it reads the run's open fenced sessions
+/// (`FenceSessions::snapshot`, before the drop removes them), drops the
+/// handler, and ends those sessions that are still in the same transaction
+/// (pid and `xact_start` together) with [`end_own_sessions`].
 async fn execute(
     shared: Arc<Shared>,
     lease: Lease,
@@ -898,7 +910,12 @@ fn lease_lost(lease: &Lease, cause: &str) {
 }
 
 /// Ends the server sessions of an abandoned handler's fenced transactions
-/// that are still in those transactions, through the heartbeat pool.
+/// that are still in those transactions, through the heartbeat pool, with
+/// `blockers::terminate_own`, within 1 s, logging `abandoned handler: ended
+/// its own blocked database session(s)`. A statement waiting for another
+/// session's lock would otherwise keep its fenced transaction, and so the
+/// run's row, locked, while every takeover (the release first) waits for
+/// that row.
 async fn end_own_sessions(shared: &Shared, lease: &Lease, open: &[queue::blockers::SessionTx]) {
     if open.is_empty() {
         return;

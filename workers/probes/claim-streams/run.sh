@@ -2,8 +2,8 @@
 # A diagnosis for issue 25, not a benchmark of the product: how fast the
 # engine's own claim and finish statements drain when each pgbench client
 # calls them server-side (one CALL a claim-and-finish cycle, two commits),
-# next to the bare queue in the same harness. See BENCHMARKS.md, "Drain,
-# fifth round".
+# next to the bare queue in the same harness. See BENCHMARKS.md, "Comparing
+# two builds", and issue 25's fifth round in `git log -p BENCHMARKS.md`.
 #
 #   workers/probes/claim-streams/run.sh MODE CLIENTS BATCH
 #

@@ -5,7 +5,7 @@
 # machines move the bare queue's own figure by half from one run to the next,
 # so a change is judged by the paired figures (B's runs/s over A's in the
 # same round) and the medians of many rounds, never by one run. See
-# BENCHMARKS.md, "Drain, eighth round".
+# BENCHMARKS.md, "Comparing two builds".
 #
 #   workers/probes/drain-ab/run.sh A_BENCH B_BENCH [ROUNDS] [CONCURRENCY] [RUNS]
 #

@@ -1,46 +1,32 @@
 //! `notification-send`: sends the notifications requested for one business
 //! date (`notification_request`), each exactly once per (date, campaign,
-//! customer, channel).
+//! customer, channel). [`NotificationSend`] is the kind; its defaults
+//! (`chunk_size = 100`, `max_item_failures = 100`, no schedule) and its own
+//! keys, checked at load time by `check_options`, are described in
+//! `docs/configuration.md`.
 //!
 //! The protocol, per attempt:
 //! 1. Claim: fenced inserts of one `notification_delivery` row per request
 //!    (`pending`, with an idempotency key derived from its unique key);
-//!    duplicates of an existing delivery are no-ops.
+//!    duplicates of an existing delivery are no-ops (`claim_deliveries`).
 //! 2. Send: every `pending` delivery goes to the [`Sender`] with its key, then
 //!    a fenced update marks the chunk `sent` (with the provider's message id)
 //!    or `failed` (rejected, e.g. a bad address). A transient error leaves the
 //!    delivery `pending` for the next attempt. A crash between a send and its
 //!    mark resends with the same key, which the provider deduplicates: a
-//!    delivery is never sent under a second key.
+//!    delivery is never sent under a second key (`send_pending`, `mark`).
 //! 3. Rejections count in the run's `failed_count`; more than
-//!    `max_item_failures` for the date fails the run.
+//!    `max_item_failures` for the date fails the run, any delivery still
+//!    pending makes the attempt retryable (`judge`), and a date without
+//!    requests is SKIPPED.
 //!
-//! `NotificationSend`, the `notification-send` kind. Its defaults are `chunk_size = 100` and
-//! `max_item_failures = 100`, with no schedule, and its own keys are `sender`, `outbox_dir`,
-//! `webhook_url`, `webhook_timeout` (at most 5 m), `webhook_retries` (0–10), `webhook_token_env`
-//! `webhook_allow_http` and `send_concurrency` (1–256, default 8), checked by `check_options` at
-//! load time (including
-//! `webhook::check_transport`: `http://` only with `webhook_allow_http`, and then with a token only
-//! to a loopback host). `build_sender` makes the sender the options name when a run starts. There
-//! is no default sender: without `sender`, or with a `webhook_token_env` naming an unset variable,
-//! the run fails with `JobError::Fatal`. `NotificationSend::with_sender` overrides the configured
-//! sender (tests, embedding applications). Each attempt runs three steps. `claim_deliveries`
-//! inserts one `pending` `notification_delivery` per `notification_request` of the date in fenced
-//! chunks, `ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING`, with the idempotency
-//! key computed in SQL (`IDEMPOTENCY_KEY_SQL`: `bo-YYYYMMDD-` and the SHA-256 of campaign, customer
-//! id and channel). `send_pending` reads the pending deliveries a chunk at a time and sends them
-//! with their keys, at most `send_concurrency` in flight (`JobContext::concurrently`, in delivery order); on
-//! cancellation no new send starts and those in flight are marked. Then `mark` records the chunk in one fenced
-//! `UPDATE … WHERE state = 'pending'`: `sent` with the provider's message id if
-//! `sender::checked_message_id` accepts it (1–256 printable ASCII characters, whatever the sender;
-//! otherwise the idempotency key, since a sent row must name an id: `stored_message_id`), `failed`
-//! for a rejection (counted as failed items), or still `pending` with the error for a transient
-//! failure. After the sends, more rejected deliveries for the date than `max_item_failures` make
-//! the attempt `Fatal`, any still pending make it `Retryable`, and otherwise the run succeeds; a
-//! date without requests is `Skipped`. The `JobDemo` seeds 240 customers a day (one requested
-//! twice, two undeliverable addresses) and verifies the deliveries against the requests and,
-//! through `outbox_report`, the outbox folder: every sent delivery delivered, and no (campaign,
-//! customer, channel) sent under a second key.
+//! There is no default sender: without `sender`, or with a
+//! `webhook_token_env` naming an unset variable, the run fails with
+//! `JobError::Fatal`. The `JobDemo` seeds `DEMO_REQUESTS_PER_DAY` customers
+//! a day (one requested twice, two undeliverable addresses) and verifies the
+//! deliveries against the requests and, through [`outbox_report`], the outbox
+//! folder: every sent delivery delivered, and no (campaign, customer,
+//! channel) sent under a second key.
 
 pub mod sender;
 pub mod webhook;
@@ -108,7 +94,8 @@ impl NotificationSend {
     }
 }
 
-/// The sender the options describe (checked at load by [`check_options`]).
+/// The sender the options describe (checked at load by [`check_options`]),
+/// made when a run starts.
 pub fn build_sender(options: &KindOptions) -> Result<Arc<dyn Sender>, String> {
     match options.str("sender") {
         Some("outbox") => Ok(Arc::new(OutboxSender::new(
@@ -147,7 +134,11 @@ pub fn build_sender(options: &KindOptions) -> Result<Arc<dyn Sender>, String> {
     }
 }
 
-/// Load-time check of the kind's keys: one error naming the key.
+/// Load-time check of the kind's keys: one error naming the key. The keys
+/// are `sender`, `outbox_dir`, `webhook_url`, `webhook_timeout` (at most
+/// 5 m), `webhook_retries` (0–10), `webhook_token_env`,
+/// `webhook_allow_http` and `send_concurrency` (1–256, default 8); a webhook
+/// URL must pass `webhook::check_transport`.
 fn check_options(values: &toml::Table) -> Result<(), OptionError> {
     let string = |k: &str| -> Result<Option<&str>, OptionError> {
         match values.get(k) {
@@ -362,8 +353,11 @@ async fn judge(ctx: &JobContext, transient: Option<(u64, String)>) -> Result<Out
     Ok(Outcome::Succeeded)
 }
 
-/// Step 1: one pending delivery per request of the date, chunk by chunk.
-/// Returns how many requests the date has.
+/// Step 1: one pending delivery per request of the date, chunk by chunk,
+/// `ON CONFLICT ON CONSTRAINT notification_delivery_key DO NOTHING`, with
+/// the idempotency key computed in SQL ([`IDEMPOTENCY_KEY_SQL`]: `bo-YYYYMMDD-`
+/// and the SHA-256 of campaign, customer id and channel). Returns how many
+/// requests the date has.
 async fn claim_deliveries(ctx: &JobContext, part: Option<(i32, i32)>) -> Result<i64, JobError> {
     let (no, count) = part.unwrap_or((0, 0));
     let chunk = i64::from(ctx.config.chunk_size);
@@ -461,7 +455,9 @@ struct Pending {
 /// chunk is marked in one fenced transaction once all its sends have
 /// answered, so a crash mid-chunk resends only unmarked deliveries, under
 /// the same keys. Returns the number of transient failures and the last of
-/// their errors, if any.
+/// their errors, if any. Sends run through `JobContext::concurrently`, in
+/// delivery order; on cancellation no new send starts and those in flight
+/// are marked.
 async fn send_pending(
     ctx: &JobContext,
     sender: &dyn Sender,
@@ -594,7 +590,12 @@ fn stored_message_id(ctx: &JobContext, id: &str, key: &str) -> String {
     }
 }
 
-/// Marks one chunk's sends in one fenced transaction.
+/// Marks one chunk's sends in one fenced `UPDATE … WHERE state =
+/// 'pending'`: `sent` with the provider's message id if
+/// `sender::checked_message_id` accepts it (1–256 printable ASCII
+/// characters, else [`stored_message_id`]), `failed` for a rejection
+/// (counted as failed items), or still `pending` with the error for a
+/// transient failure.
 async fn mark(ctx: &JobContext, results: &[Sent]) -> Result<(), JobError> {
     let ids: Vec<i64> = results.iter().map(|r| r.delivery_id).collect();
     let states: Vec<&str> = results.iter().map(|r| r.state).collect();

@@ -16,13 +16,22 @@ use chrono::NaiveDate;
 use sqlx::PgPool;
 
 #[allow(dead_code)]
+pub mod deploy;
+#[allow(dead_code)]
 pub mod logins;
 #[allow(dead_code)]
 pub mod oracle;
 #[allow(dead_code)]
+pub mod process;
+#[allow(dead_code)]
 pub mod prometheus;
 #[allow(unused_imports)]
 pub use oracle::items_outside_their_lease;
+#[allow(unused_imports)]
+pub use process::{
+    batchonce, free_port, http_get, http_status, ok, signal_and_wait, spawn_worker, stop,
+    wait_exit, worker, BIN,
+};
 
 /// Runs `bin --config <a file holding text> args` against a database that
 /// cannot be reached (the config must be refused before any connection)
@@ -88,18 +97,11 @@ pub fn samples_config() -> &'static Path {
 /// process that ignores it fails the test instead of hanging it.
 #[allow(dead_code)]
 pub fn sigterm_and_wait(child: &mut std::process::Child) {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {} did not stop within 30s of SIGTERM",
-            child.id()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    signal_and_wait(
+        child,
+        nix::sys::signal::Signal::SIGTERM,
+        Duration::from_secs(30),
+    );
 }
 
 /// In-process workers of one registry and configuration.
