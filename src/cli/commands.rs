@@ -43,7 +43,9 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
     let registry = known.only(config.jobs.keys());
     match &cli.command {
         Command::Demo { console } => demo(&cli, &registry, &config, *console).await,
-        Command::Migrate => super::migrate::migrate(&cli, &registry, &known, &config).await,
+        Command::Migrate { contract } => {
+            super::migrate::migrate(&cli, &registry, &known, &config, *contract).await
+        }
         Command::Enqueue(args) => super::enqueue::enqueue(&cli, &registry, &config, args).await,
         Command::Exporter {
             interval,
@@ -93,7 +95,7 @@ pub(super) async fn dispatch(cli: Cli, registry: Registry) -> anyhow::Result<Exi
 /// database.
 fn refuse_pgbouncer(command: &Command) -> anyhow::Result<()> {
     let direct = match command {
-        Command::Migrate => Some("migrate"),
+        Command::Migrate { .. } => Some("migrate"),
         Command::Roles { .. } => Some("roles"),
         Command::Preflight { .. } | Command::PreflightRacer { .. } => Some("preflight"),
         Command::Demo { .. } => Some("demo"),

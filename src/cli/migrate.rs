@@ -1,6 +1,7 @@
 //! `batchonce migrate`: applies the engine's and the declared kinds'
 //! migrations, records the file's jobs as the declared set, and freezes the
-//! context of the runs the previous release enqueued without one.
+//! context of the runs the previous release enqueued without one; with
+//! `--contract`, drops the SQL functions only earlier releases call.
 
 use std::process::ExitCode;
 
@@ -21,6 +22,7 @@ pub(super) async fn migrate(
     registry: &Registry,
     known: &Registry,
     config: &Config,
+    contract: bool,
 ) -> anyhow::Result<ExitCode> {
     let pool = db::connect(require_url(cli)?, "batchonce-migrate", 2).await?;
     let kinds = db::kinds_to_migrate(&pool, &registry.migrations(), &known.migrations()).await?;
@@ -39,13 +41,21 @@ pub(super) async fn migrate(
     } else {
         None
     };
+    // After the migrations, which the contract's release needs;
+    // a refusal leaves them applied.
+    let contracted = if contract {
+        Some(crate::ops::contract::run(&pool).await?)
+    } else {
+        None
+    };
     if cli.json {
         println!(
             "{}",
             json!({"migrated": true, "migrations": n,
                    "contexts_frozen": frozen, "contexts_left": left,
                    "jobs_declared": declared.as_ref().map(|d| &d.jobs),
-                   "jobs_undeclared": declared.as_ref().map(|d| &d.removed)})
+                   "jobs_undeclared": declared.as_ref().map(|d| &d.removed),
+                   "contract": contracted})
         );
     } else {
         println!("migrations applied ({n} known)");
@@ -74,6 +84,9 @@ pub(super) async fn migrate(
                  from {}; {left} left for the workers that claim them",
                 config.origin
             );
+        }
+        if let Some(c) = &contracted {
+            print_contract(c);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -106,4 +119,18 @@ async fn freeze_legacy_contexts(
         frozen += queue::context::freeze_legacy(pool, chunk).await?;
     }
     Ok((frozen, left))
+}
+
+/// The text report of `migrate --contract`: one line per function dropped.
+fn print_contract(c: &crate::ops::contract::Contracted) {
+    if c.dropped.is_empty() {
+        println!(
+            "contract {}: nothing left to drop ({} functions dropped before)",
+            c.release,
+            c.already_gone.len()
+        );
+    }
+    for f in &c.dropped {
+        println!("contract {}: dropped {f}", c.release);
+    }
 }

@@ -105,7 +105,12 @@ enum Command {
     },
     /// Applies the migrations of the engine and of every declared job kind, and records the
     /// file's jobs, the only ones a producer login may enqueue (no file: the record is kept).
-    Migrate,
+    Migrate {
+        /// Then drop the SQL functions only earlier releases call (the contract step, once every
+        /// process runs this release); refused while a process of an earlier release is live.
+        #[arg(long)]
+        contract: bool,
+    },
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
     /// `duplicate KEY` or `skipped KEY (reason)` per run. A scoped job
     /// needs --scope or --all-scopes.

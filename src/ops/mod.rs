@@ -1,6 +1,7 @@
 //! The operations layer: the tools around the engine that an operator runs
 //! once or beside it, rather than the engine itself.
 //!
+//! - `contract.rs`: `batchonce migrate --contract`, which drops superseded functions.
 //! - `demo.rs`: `batchonce demo`, the whole system on one machine, checked.
 //! - `preflight.rs`: `batchonce preflight`, the pre-deploy race check.
 //! - `roles.rs`: `batchonce roles`, least-privilege database roles.
@@ -12,6 +13,7 @@
 //! `preflight` scratch run, is the queue's `delete_preflight_run`), and the
 //! embedded cluster must never be used for production data.
 
+pub mod contract;
 pub(crate) mod demo;
 pub mod embedded;
 pub mod exporter;

@@ -23,7 +23,8 @@
 //!   the worker inserts and updates only the registered kinds' output tables; the worker and
 //!   producer write their own `batch_worker` and `batch_process_config` rows; each role executes
 //!   its own functions (`WORKER_FUNCTIONS` …) and no function of the schema is executable by
-//!   `PUBLIC` but `batchonce_partition`. The operator and console get `pg_signal_backend` only
+//!   `PUBLIC` but `batchonce_partition`. A function `migrate --contract` drops
+//!   (`ops::contract::dropped_names`) is granted only while it exists. The operator and console get `pg_signal_backend` only
 //!   while `batchonce_operator_terminate` does not exist (a schema of an earlier release).
 //! - `keep_direct_writes` (`--keep-direct-writes`) adds back the direct writes the previous
 //!   release's processes make, for the expand step of a rolling upgrade.
@@ -439,11 +440,11 @@ impl<'a> Names<'a> {
             ),
             "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
             format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}, {term}"),
-            format!("GRANT EXECUTE ON FUNCTION {} TO {w}", self.functions(WORKER_FUNCTIONS)),
-            format!("GRANT EXECUTE ON FUNCTION {} TO {p}", self.functions(PRODUCER_FUNCTIONS)),
-            format!("GRANT EXECUTE ON FUNCTION {} TO {o}", self.functions(OPERATOR_FUNCTIONS)),
-            format!("GRANT EXECUTE ON FUNCTION {} TO {g}", self.functions(PROGRAM_FUNCTIONS)),
-            format!("GRANT EXECUTE ON FUNCTION {} TO {c}", self.functions(CONSOLE_FUNCTIONS)),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {w}", self.functions(&lasting(WORKER_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {p}", self.functions(&lasting(PRODUCER_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {o}", self.functions(&lasting(OPERATOR_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {g}", self.functions(&lasting(PROGRAM_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {c}", self.functions(&lasting(CONSOLE_FUNCTIONS))),
         ];
         if !output_tables.is_empty() {
             on_tables_after
@@ -585,8 +586,10 @@ impl<'a> Names<'a> {
         let Names {
             schema,
             s,
+            p,
             w,
             o,
+            g,
             c,
             guard,
             term,
@@ -612,6 +615,7 @@ impl<'a> Names<'a> {
              \x20   LOOP\n\
              \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{w}');\n\
              \x20   END LOOP;\n\
+{contracted}\
              \x20   -- The archive, for the operator alone.\n\
              \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
              \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{ARCHIVE_FUNCTION}'\n\
@@ -621,6 +625,16 @@ impl<'a> Names<'a> {
              \x20   IF terminate_exists THEN\n",
             optional = quoted(OPTIONAL_OPERATOR_FUNCTIONS),
             optional_worker = quoted(OPTIONAL_WORKER_FUNCTIONS),
+            contracted = contracted_grants(
+                s,
+                &[
+                    (WORKER_FUNCTIONS, w.as_str()),
+                    (PRODUCER_FUNCTIONS, p.as_str()),
+                    (OPERATOR_FUNCTIONS, o.as_str()),
+                    (PROGRAM_FUNCTIONS, g.as_str()),
+                    (CONSOLE_FUNCTIONS, c.as_str()),
+                ]
+            ),
         ));
         for t in TERMINATOR_READS {
             out.push_str(&format!(
@@ -719,6 +733,45 @@ pub async fn apply(
     Ok(text)
 }
 
+/// A role's functions that every schema of this release keeps: those
+/// `migrate --contract` drops are granted by [`contracted_grants`] instead.
+fn lasting<'a>(list: &[&'a str]) -> Vec<&'a str> {
+    let dropped = crate::ops::contract::dropped_names();
+    list.iter()
+        .copied()
+        .filter(|f| !dropped.contains(f))
+        .collect()
+}
+
+/// The grants on each role's functions that `migrate --contract` drops, as
+/// loops over those that exist, so that `roles` grants them to the previous
+/// release's processes before the contract and fails on nothing after it.
+/// `schema` and the roles come quoted.
+fn contracted_grants(schema: &str, roles: &[(&[&str], &str)]) -> String {
+    let dropped = crate::ops::contract::dropped_names();
+    let mut out = String::new();
+    for (list, role) in roles {
+        let names: Vec<&str> = list
+            .iter()
+            .copied()
+            .filter(|f| dropped.contains(f))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "    -- Until `migrate --contract` drops them.\n\
+             \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+             \x20            WHERE p.pronamespace = '{schema}'::regnamespace AND p.proname = ANY(ARRAY[{names}])\n\
+             \x20   LOOP\n\
+             \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{role}');\n\
+             \x20   END LOOP;\n",
+            names = quoted(&names),
+        ));
+    }
+    out
+}
+
 /// The names as a list of SQL string literals (constants of this file).
 fn quoted(names: &[&str]) -> String {
     names
@@ -776,8 +829,7 @@ mod tests {
         }
         assert!(
             s.contains(
-                "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue\", \
-                 \"public\".\"batchonce_enqueue2\", \
+                "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_enqueue2\", \
                  \"public\".\"batchonce_enqueue_declared\" TO \"bo_producer\""
             ),
             "{s}"
@@ -787,9 +839,14 @@ mod tests {
         assert!(s.contains(
             "GRANT EXECUTE ON FUNCTION \"public\".\"batchonce_operator_check\", \
              \"public\".\"batchonce_operator_apply\", \
-             \"public\".\"batchonce_operator_audit_terminate\", \
              \"public\".\"batchonce_operator_hold_row\" TO \"bo_console\""
         ));
+        // What the contract drops is granted only while it exists.
+        assert!(s.contains(
+            "p.proname = ANY(ARRAY['batchonce_enqueue'])\n    LOOP\n      \
+             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '\"bo_producer\"');"
+        ));
+        assert!(!s.contains("\"public\".\"batchonce_claim\","));
         assert!(s.contains("GRANT pg_signal_backend TO \"bo_operator\", \"bo_console\""));
     }
 

@@ -20,7 +20,9 @@
 //!   window. A SIGKILLed process never deregisters, so its row keeps its last
 //!   `last_seen`, which `queue::stale_runs` reports as evidence; the worker's
 //!   sessions carry its id as `application_name` (`db.rs`), which is how
-//!   `stale_runs` finds its live sessions in `pg_stat_activity`.
+//!   `stale_runs` finds its live sessions in `pg_stat_activity`. For
+//!   `migrate --contract`, [`running`] also counts a connected process and a
+//!   row with no `live_until` (0.1.0) seen within [`QUIET_BEFORE_LIVE_UNTIL`].
 //! - Each row records the login that wrote it (`registered_by`, the column's
 //!   default `session_user`), and row-level security lets a login other than
 //!   the tables' owner write only its own rows (migration 20261208000006); a
@@ -241,6 +243,65 @@ pub fn job_settings(cfg: &JobConfig) -> serde_json::Value {
         settings["scopes"] = scopes.to_json();
     }
     settings
+}
+
+/// How long a process of a release that records no `live_until` (0.1.0)
+/// counts as possibly running after its last sign of life, when no session
+/// carries its id: three heartbeats of a worker whose lease is up to 3 min,
+/// and a longer lease's worker keeps its LISTEN or polling session.
+pub const QUIET_BEFORE_LIVE_UNTIL: &str = "3 minutes";
+
+/// A registered process that may still be running (see [`running`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Running {
+    pub worker_id: String,
+    pub role: String,
+    pub host: String,
+    pub pid: i32,
+    pub version: String,
+    pub last_seen: chrono::DateTime<chrono::Utc>,
+    /// A session of this database carries its id as `application_name`.
+    pub connected: bool,
+    /// Until when it counts as running without a session: its `live_until`,
+    /// or `last_seen` plus [`QUIET_BEFORE_LIVE_UNTIL`] without one.
+    pub counted_until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The processes that may still be running, by the database's clock: live
+/// by the registry's rule (`live_until` not passed, on a row no view
+/// faults), connected, or of a release that records no `live_until` and
+/// seen within [`QUIET_BEFORE_LIVE_UNTIL`]. A caller that must see no new
+/// process meanwhile locks `batch_worker` first in its transaction.
+pub async fn running(conn: &mut sqlx::PgConnection) -> Result<Vec<Running>, sqlx::Error> {
+    let sql = format!(
+        "SELECT * FROM (
+           SELECT w.worker_id::text, w.role::text, w.host::text, w.pid, w.version::text, w.last_seen,
+                  EXISTS (SELECT 1 FROM pg_stat_activity a
+                          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+                            AND a.application_name = w.worker_id) AS connected,
+                  CASE WHEN {WORKER_PROBLEM} IS NOT NULL THEN NULL
+                       WHEN w.live_until IS NULL
+                         THEN w.last_seen + interval '{QUIET_BEFORE_LIVE_UNTIL}'
+                       ELSE w.live_until END AS counted_until
+           FROM batch_worker w) p
+         WHERE p.connected OR p.counted_until > now()
+         ORDER BY p.worker_id"
+    );
+    let rows = crate::db::query(&sql).fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Running {
+                worker_id: r.try_get("worker_id")?,
+                role: r.try_get("role")?,
+                host: r.try_get("host")?,
+                pid: r.try_get("pid")?,
+                version: r.try_get("version")?,
+                last_seen: r.try_get("last_seen")?,
+                connected: r.try_get("connected")?,
+                counted_until: r.try_get("counted_until")?,
+            })
+        })
+        .collect()
 }
 
 /// One live process's configuration of a job.

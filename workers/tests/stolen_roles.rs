@@ -607,7 +607,8 @@ struct Universe {
 }
 
 /// A cell's set: comma-separated terms, left to right; `not` removes;
-/// `†` counts only without `batchonce_operator_terminate`, `‡` only with it.
+/// `†` counts only without `batchonce_operator_terminate`, `‡` only with it,
+/// `§` only while the schema has the function (`migrate --contract` drops it).
 fn cell_set(cell: &str, u: &Universe, problems: &mut Vec<String>) -> BTreeSet<String> {
     let mut set = BTreeSet::new();
     if cell == "—" {
@@ -636,6 +637,11 @@ fn cell_set(cell: &str, u: &Universe, problems: &mut Vec<String>) -> BTreeSet<St
             term = t;
         } else if let Some(t) = term.strip_suffix('‡') {
             if !u.terminate {
+                continue;
+            }
+            term = t;
+        } else if let Some(t) = term.strip_suffix('§') {
+            if !u.functions.contains(t.trim_matches('`')) {
                 continue;
             }
             term = t;

@@ -1,5 +1,5 @@
 //! The rolling upgrade, with real processes of both releases: the previous
-//! release's `batchonce` (the commit pinned in `.ci/previous-release`) and
+//! release's `batchonce` (0.1.0: the version and commit pinned in `.ci/previous-release`) and
 //! this one's, on one database, as during a deploy.
 //!
 //! The database starts on the previous release's schema with one of its
@@ -8,7 +8,10 @@
 //! insert runs without a context into the new schema, a fleet of one worker
 //! of each release settles them, each release's worker is SIGKILLed
 //! mid-run in turn so the other release takes its run over, and both
-//! releases' inspection commands read the result. The check at the end is
+//! releases' inspection commands read the result. Last comes the contract
+//! (`migrate --contract`): refused, naming it, while a worker of the previous
+//! release runs; done once it has stopped; then this release's worker settles
+//! a new run without the dropped functions. The check at the end is
 //! written here, not taken from production code: every run SUCCEEDED, every
 //! order settled exactly once under its own date with totals equal to the
 //! source, every item written under an open attempt of its own run, every
@@ -854,13 +857,95 @@ async fn previous_release_workers_run_beside_this_release_through_the_upgrade() 
         by_other_merchant, 0,
         "a scoped run settled another merchant"
     );
-    d.stop("old-3");
     d.stop("new-3");
-    for id in ["old-3", "new-3"] {
+
+    // The last step, the contract: refused while old-3, a process of the
+    // previous release, still runs; done once it has stopped; and this
+    // release's worker settles a new run without what it dropped.
+    contract_after_the_roll(&mut d).await;
+    for id in ["old-3", "new-3", "new-4"] {
         let bad = schema_errors(&d.read_log(id));
         assert!(bad.is_empty(), "{id} logged errors:\n{}", bad.join("\n"));
     }
-    check_settlement(d.pool(), 10, &rewrite).await;
+    check_settlement(d.pool(), 11, &rewrite).await;
+}
+
+/// `migrate --contract` after the roll. old-3 (the previous release) is
+/// running: the contract is refused, naming it, and drops nothing. Once it
+/// has stopped (deregistering) and the row of old-0, SIGKILLed long ago, is
+/// deleted as the refusal says to, the contract drops its list; a worker of
+/// this release then settles the 13th.
+async fn contract_after_the_roll(d: &mut Deploy) {
+    let dropped = batchonce::ops::contract::drops();
+    // How many of the functions the contract drops the schema still has.
+    let pool = d.pool().clone();
+    let count = format!(
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = current_schema()::regnamespace \
+         AND proname IN ({})",
+        batchonce::ops::contract::dropped_names()
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let left = || scalar(&pool, &count);
+    d.assert_alive("old-3");
+    let out = d
+        .command(Path::new(NEW), &["migrate", "--contract"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the contract ran beside old-3:\n{err}"
+    );
+    assert!(
+        err.contains("refused") && err.contains("old-3") && err.contains("version 0.1.0"),
+        "{err}"
+    );
+    assert_eq!(
+        left().await,
+        dropped.len() as i64,
+        "a refused contract dropped something"
+    );
+    d.assert_alive("old-3");
+
+    d.stop("old-3");
+    sqlx::query("DELETE FROM batch_worker WHERE worker_id = 'old-0'")
+        .execute(d.pool())
+        .await
+        .unwrap();
+    let out = d.run_new(&["--json", "migrate", "--contract"]);
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        report["contract"]["dropped"],
+        serde_json::json!(dropped),
+        "{out}"
+    );
+    assert_eq!(left().await, 0);
+    let again = d.run_new(&["migrate", "--contract"]);
+    assert!(again.contains("nothing left to drop"), "{again}");
+
+    common::seed_orders(d.pool(), day(13), 13_000_000, 300).await;
+    let out = d.run_new(&["enqueue", JOB, "--date", &day(13).to_string()]);
+    assert_eq!(out.trim(), format!("enqueued {JOB}:{}", day(13)));
+    d.start_worker(Path::new(NEW), "new-4");
+    let key = format!("{JOB}:{}", day(13));
+    d.wait_until(
+        "new-4 to settle the 13th after the contract",
+        Duration::from_secs(60),
+        || async {
+            scalar(
+                d.pool(),
+                &format!("SELECT count(*) FROM batch_job_run WHERE job_key = '{key}' AND status = 'SUCCEEDED'"),
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    d.run_new(&["status"]);
+    d.stop("new-4");
 }
 
 /// The previous release's `runs list`, `runs show`, `runs stale` and
