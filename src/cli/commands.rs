@@ -1,15 +1,12 @@
-//! What each top-level command does: the long-running processes (worker,
-//! producer, exporter) with their signals and metrics server, and the short
-//! commands other than `runs`.
+//! `dispatch`: one short match that hands each top-level command to its
+//! handler, and the handlers of the short commands that have no file of
+//! their own (`demo`, `exporter`, `console`, `preflight`, `roles`, `status`).
 //!
 //! Before any command runs, `--pgbouncer` is refused for `migrate`, `roles`,
 //! `preflight` and `demo` and otherwise passed to `db::set_transaction_pooler`
 //! before anything connects, and the configuration's command jobs are added
 //! to the registry (`command::register_commands`), so every command knows
-//! them. The worker logs its `connection budget`: the main pool of
-//! `--max-connections`, one more connection for heartbeats alone (so a
-//! small main pool slows handlers but never delays a heartbeat), and one for
-//! LISTEN with `--listen-url`.
+//! them.
 
 use std::process::ExitCode;
 use std::time::Duration;

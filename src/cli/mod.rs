@@ -5,12 +5,13 @@
 //! `docs/cli-reference.md`.
 //!
 //! `mod.rs` holds the arguments, `main`, logging and the usage-error line;
-//! `commands.rs` what each top-level command does; `runs.rs` the `runs`
-//! subcommands; `jobs.rs` the `jobs` subcommands; `status.rs` `status`;
-//! `watch.rs` `runs watch`; `keys.rs` the date hint for keys; `print.rs` the
-//! shared output (`Table`, whose columns are as wide as their widest cell in
-//! terminal columns, `unicode-width`; instants to the second in UTC; ages
-//! such as `3m12s`).
+//! `commands.rs` the dispatch, one handler per command, and the short
+//! commands; `migrate.rs`, `enqueue.rs`, `produce.rs` and `worker.rs` one
+//! command each; `process.rs` what long-running processes share (signals,
+//! metrics server, ids) and `schema.rs` the "not migrated" checks; `runs.rs`
+//! and `jobs.rs` their subcommands; `status.rs` `status`; `watch.rs` `runs
+//! watch`; `keys.rs` the date hint for keys; `print.rs` the shared output
+//! (`Table`, columns as wide as their widest cell in terminal columns).
 //!
 //! Invariants:
 //!
