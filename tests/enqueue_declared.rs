@@ -116,10 +116,10 @@ async fn runs_get_the_declared_context_and_duplicates_and_skips_are_reported() {
         assert_eq!(payload, serde_json::json!({"source": "app"}));
         match c.skip_reason(date) {
             Some(reason) => {
-                assert_eq!(run.status, "SKIPPED");
+                assert_eq!(run.status, queue::RunStatus::Skipped);
                 assert_eq!(run.error_message.as_deref(), Some(reason.as_str()));
             }
-            None => assert_eq!(run.status, "PENDING"),
+            None => assert_eq!(run.status, queue::RunStatus::Pending),
         }
     }
 }

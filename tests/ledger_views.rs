@@ -340,7 +340,7 @@ async fn the_counts_are_the_ledgers_and_every_view_shows_the_same() {
     let shown: Vec<(String, String, i64)> = status
         .counts
         .iter()
-        .map(|c| (c.job_name.clone(), c.status.clone(), c.runs))
+        .map(|c| (c.job_name.clone(), c.status.to_string(), c.runs))
         .collect();
     assert_eq!(shown, truth);
     let gauges = queue::gauges(&db.pool, &[], Clock::Db).await.unwrap();
@@ -350,7 +350,7 @@ async fn the_counts_are_the_ledgers_and_every_view_shows_the_same() {
             g.runs
                 .iter()
                 .filter(|(_, n)| *n > 0)
-                .map(move |(s, n)| (job.to_string(), s.clone(), *n))
+                .map(move |(s, n)| (job.to_string(), s.to_string(), *n))
         })
         .collect();
     from_gauges.sort();
@@ -380,6 +380,11 @@ async fn the_counts_are_the_ledgers_and_every_view_shows_the_same() {
     .await
     .unwrap();
     assert_eq!(s.last_done_period_start_unix, Some(before));
-    let pending = s.scopes.iter().find(|(st, _)| st == "PENDING").unwrap().1;
+    let pending = s
+        .scopes
+        .iter()
+        .find(|(st, _)| *st == RunStatus::Pending)
+        .unwrap()
+        .1;
     assert_eq!(pending, 5);
 }

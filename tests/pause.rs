@@ -166,7 +166,7 @@ async fn a_paused_jobs_runs_are_claimed_by_no_release_until_resumed() {
     let pending = st
         .counts
         .iter()
-        .find(|c| c.job_name == "settle" && c.status == "PENDING")
+        .find(|c| c.job_name == "settle" && c.status == queue::RunStatus::Pending)
         .map(|c| c.runs);
     assert_eq!(pending, Some(5));
     assert_eq!(st.oldest_pending_seconds, None);

@@ -1280,3 +1280,43 @@ async fn a_finish_after_the_lease_expired_is_reported() {
     let (status, _, token) = status_of(&db.pool, &leases[2].key).await;
     assert_eq!((status.as_str(), token), ("RUNNING", Some(leases[2].token)));
 }
+
+/// A state the schema should have refused (or one of a newer release) is a
+/// decode error naming it, never a panic or a default: the views decode
+/// `status` once, through `RunStatus`'s sqlx `Decode`.
+#[tokio::test]
+async fn an_unknown_status_from_the_database_is_an_error() {
+    let db = TestDb::new(&[]).await;
+    for s in RunStatus::ALL {
+        let back: RunStatus = sqlx::query_scalar("SELECT $1::varchar(20)")
+            .bind(s)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(back, s);
+    }
+    let err = sqlx::query_scalar::<_, RunStatus>("SELECT 'DONE'::varchar(20)")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, sqlx::Error::ColumnDecode { .. }), "{err:?}");
+    assert!(err.to_string().contains("\"DONE\""), "{err}");
+
+    // Through a view: a run row holding a state no release knows.
+    let r = run(1, 3);
+    queue::enqueue(&db.pool, std::slice::from_ref(&r), Clock::Db)
+        .await
+        .unwrap();
+    for sql in [
+        "ALTER TABLE batch_job_run DROP CONSTRAINT batch_job_run_status_check",
+        "UPDATE batch_job_run SET status = 'DONE'",
+    ] {
+        sqlx::query(sql).execute(&db.pool).await.unwrap();
+    }
+    match queue::show_run(&db.pool, &r.key).await {
+        Err(QueueError::Database(e @ sqlx::Error::ColumnDecode { .. })) => {
+            assert!(e.to_string().contains("\"DONE\""), "{e}")
+        }
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+}

@@ -348,3 +348,49 @@ async fn a_reworded_migration_is_accepted_and_an_edited_one_refused() {
     assert!(err.to_string().contains("modified"), "{err}");
     assert_eq!(recorded(db.pool.clone()).await, vec![0u8]);
 }
+
+/// A database whose due and running lists drifted from the runs before the
+/// row trigger kept them (20261207000001 filled them while the previous
+/// release's workers still wrote) is put in step by 20261211000001: a
+/// PENDING run missing from the due list, a RUNNING run missing from the
+/// running list and an entry for a run in neither state.
+#[tokio::test]
+async fn the_resync_migration_puts_drifted_lists_in_step() {
+    let db = TestDb::empty().await;
+    let before = batchonce::db::combined(&[]);
+    let before = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            before
+                .iter()
+                .filter(|m| m.version < 20261211000001)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before.run(&db.pool).await.unwrap();
+    let runs: Vec<NewRun> = (0..3).map(run).collect();
+    queue::enqueue(&db.pool, &runs, Clock::Db).await.unwrap();
+    let claimed: String = sqlx::query_scalar(
+        "SELECT job_key FROM batchonce_claim3(ARRAY['test-job'], ARRAY[30::float8], \
+         1, 'w1', now(), false)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let pending = runs
+        .iter()
+        .map(|r| r.key.to_string())
+        .find(|k| *k != claimed)
+        .unwrap();
+    // The drift: what the row trigger never saw.
+    for sql in [
+        format!("DELETE FROM batch_job_due WHERE job_key = '{pending}'"),
+        "DELETE FROM batch_job_running".to_owned(),
+        format!("INSERT INTO batch_job_due VALUES ('{claimed}', 'test-job', now(), false)"),
+    ] {
+        sqlx::query(&sql).execute(&db.pool).await.unwrap();
+    }
+    batchonce::db::migrate(&db.pool, &[]).await.unwrap();
+    batchonce::testing::assert_lists_in_step(&db.pool).await;
+}

@@ -329,7 +329,7 @@ async fn graceful_shutdown_releases_the_lease_at_a_chunk_boundary() {
         "stopped at the next chunk boundary"
     );
     let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
-    assert_eq!(view.status, "PENDING");
+    assert_eq!(view.status, queue::RunStatus::Pending);
     assert!(view.lease_expires_at.is_none());
     assert_eq!(hist[0].outcome.as_deref(), Some("released"));
     let items = count(&db.pool, "SELECT count(*) FROM test_item").await;
@@ -379,7 +379,8 @@ async fn abort_after_grace_abandons_the_chunk_and_releases() {
     );
     let (view, hist) = queue::show_run(&db.pool, &r.key).await.unwrap().unwrap();
     assert_eq!(
-        view.status, "PENDING",
+        view.status,
+        queue::RunStatus::Pending,
         "the abandoned run was not released (stopped after {took:?})"
     );
     assert!(view.lease_expires_at.is_none(), "the lease was kept");

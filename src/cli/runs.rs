@@ -70,7 +70,7 @@ pub(super) async fn runs_command(
                     .unwrap_or_else(|| "never".into())
             };
             for r in &stale {
-                println!("{}  {}", esc(&r.job_key), esc(&r.conclusion));
+                println!("{}  {}", esc(&r.job_key), r.conclusion);
                 println!(
                     "  attempt {} by {}, running {:.0}s{}",
                     r.attempt,
@@ -170,11 +170,7 @@ pub(super) async fn runs_command(
             for s in &report.terminated {
                 println!("terminated {} (audited)", esc(&s.describe()));
             }
-            let (key, before, after) = (
-                esc(&outcome.job_key),
-                esc(&outcome.before),
-                esc(&outcome.after),
-            );
+            let (key, before, after) = (esc(&outcome.job_key), outcome.before, outcome.after);
             if outcome.applied {
                 println!("{} {key}: {before} -> {after} (audited)", outcome.action);
             } else {
@@ -328,7 +324,11 @@ async fn archive(
 /// `runs stale`'s exit status: [`super::EXIT_FOUND`] if asked to look for
 /// a dead run and one is there.
 fn stale_exit(stale: &[queue::StaleRun], fail_if_dead: bool) -> ExitCode {
-    if fail_if_dead && stale.iter().any(|r| r.conclusion == "dead") {
+    if fail_if_dead
+        && stale
+            .iter()
+            .any(|r| r.conclusion == queue::Conclusion::Dead)
+    {
         ExitCode::from(super::EXIT_FOUND)
     } else {
         ExitCode::SUCCESS
@@ -351,7 +351,7 @@ fn print_list(runs: &[queue::RunView]) {
     for r in runs {
         t.row(vec![
             esc(&r.job_key).into_owned(),
-            esc(&r.status).into_owned(),
+            r.status.to_string(),
             format!("{}/{}", r.attempts, r.max_attempts),
             r.processed_count.to_string(),
             r.failed_count.to_string(),
@@ -373,7 +373,7 @@ fn print_partitions(run: &queue::RunView, partitions: &[queue::RunView]) {
     }
     let done = partitions
         .iter()
-        .filter(|p| p.status == "SUCCEEDED")
+        .filter(|p| p.status == RunStatus::Succeeded)
         .count();
     println!();
     println!(
@@ -381,7 +381,7 @@ fn print_partitions(run: &queue::RunView, partitions: &[queue::RunView]) {
         partitions.len()
     );
     print_list(partitions);
-    if run.status == "FAILED" {
+    if run.status == RunStatus::Failed {
         println!(
             "`batchonce runs rerun {}` re-runs the FAILED and SKIPPED partitions (none if only the final step failed), then the final step",
             esc(&run.job_key)
@@ -423,7 +423,7 @@ fn print_show(
         _ => {}
     }
     field("business date", run.business_date);
-    field("status", esc(&run.status));
+    field("status", run.status);
     field("attempts", format!("{}/{}", run.attempts, run.max_attempts));
     field(
         "processed",
@@ -465,7 +465,7 @@ fn print_show(
     field("enqueued", time(run.enqueued_at));
     if queue::is_waiting(run) {
         field("next try", "after its partitions (below)");
-    } else if run.status == "PENDING" {
+    } else if run.status == RunStatus::Pending {
         field(
             "next try",
             format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),
@@ -477,8 +477,8 @@ fn print_show(
     if let Some(t) = run.finished_at {
         field("finished", format!("{} ({})", time(t), ago(t)));
     }
-    match (&run.lease_owner, run.status.as_str()) {
-        (Some(o), "RUNNING") => {
+    match (&run.lease_owner, run.status) {
+        (Some(o), RunStatus::Running) => {
             // The attempt, never the token: a token is the capability to
             // change the run, for its holder alone.
             let holder = format!("held by {}, attempt {}", esc(o), run.attempts);

@@ -44,7 +44,7 @@ pub async fn status_output(pool: &PgPool, json: bool) -> anyhow::Result<String> 
     for c in &st.counts {
         t.row(vec![
             esc(&c.job_name).into_owned(),
-            esc(&c.status).into_owned(),
+            c.status.to_string(),
             c.runs.to_string(),
         ]);
     }
@@ -60,7 +60,7 @@ pub async fn status_output(pool: &PgPool, json: bool) -> anyhow::Result<String> 
         for c in &st.partitions {
             t.row(vec![
                 esc(&c.job_name).into_owned(),
-                esc(&c.status).into_owned(),
+                c.status.to_string(),
                 c.runs.to_string(),
             ]);
         }
@@ -185,7 +185,7 @@ fn scopes_text(periods: &[queue::ScopePeriod]) -> String {
         for s in p
             .states
             .iter()
-            .filter(|s| s.count > 0 && s.status != "SUCCEEDED")
+            .filter(|s| s.count > 0 && s.status != queue::RunStatus::Succeeded)
         {
             let more = s.count - s.named.len() as i64;
             let more = if more > 0 {

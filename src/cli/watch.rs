@@ -63,13 +63,12 @@ pub(super) async fn watch(
             Ok(Some((run, attempts))) => {
                 let current = current_attempt(&run, &attempts);
                 let items_per_second = rate.observe(&run, current);
-                let status = RunStatus::parse(&run.status);
-                let done = status.is_some_and(RunStatus::is_terminal);
+                let done = run.status.is_terminal();
                 write_look(&mut out, mode, &run, items_per_second, done)
                     .context("cannot write to standard output")?;
                 if done {
-                    return Ok(match status {
-                        Some(RunStatus::Failed) => ExitCode::from(super::EXIT_FOUND),
+                    return Ok(match run.status {
+                        RunStatus::Failed => ExitCode::from(super::EXIT_FOUND),
                         _ => ExitCode::SUCCESS,
                     });
                 }
@@ -128,7 +127,7 @@ struct Rate {
 
 impl Rate {
     fn observe(&mut self, run: &RunView, current: Option<&AttemptView>) -> Option<f64> {
-        let Some(a) = current.filter(|_| run.status == "RUNNING") else {
+        let Some(a) = current.filter(|_| run.status == RunStatus::Running) else {
             self.attempt = 0;
             self.looks.clear();
             return None;
@@ -158,14 +157,14 @@ fn describe(run: &RunView, items_per_second: Option<f64>) -> String {
     let now = run.read_at;
     let mut parts = vec![
         esc(&run.job_key).into_owned(),
-        esc(&run.status).into_owned(),
+        run.status.to_string(),
         format!(
             "items {} ({} failed)",
             run.processed_count, run.failed_count
         ),
     ];
-    match run.status.as_str() {
-        "RUNNING" => {
+    match run.status {
+        RunStatus::Running => {
             parts.push(match items_per_second {
                 Some(r) => format!("rate {r:.1}/s"),
                 None => "rate -".to_owned(),
@@ -183,7 +182,7 @@ fn describe(run: &RunView, items_per_second: Option<f64>) -> String {
                 parts.push(format!("worker {}", esc(w)));
             }
         }
-        "PENDING" => {
+        RunStatus::Pending => {
             parts.push(format!("attempt {}/{}", run.attempts, run.max_attempts));
             let wait = secs(run.next_run_at - now);
             parts.push(if wait > 0.0 {
@@ -227,7 +226,7 @@ fn write_look(
                 "items_per_second": items_per_second,
                 "lease_owner": run.lease_owner,
                 "lease_seconds_left": run.lease_expires_at.map(|t| secs(t - now)),
-                "next_run_in_seconds": (run.status == "PENDING").then(|| secs(run.next_run_at - now)),
+                "next_run_in_seconds": (run.status == RunStatus::Pending).then(|| secs(run.next_run_at - now)),
                 "error_message": run.error_message,
             });
             let text = json_for_terminal(&v).map_err(std::io::Error::other)?;

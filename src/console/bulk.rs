@@ -218,7 +218,7 @@ pub(crate) async fn preview(
                     tr {
                         td { a href=(run_href(&r.job_key)) { (r.job_key) } }
                         td { (r.business_date) }
-                        td { (badge(&r.status)) }
+                        td { (badge(r.status.as_str())) }
                         td.num { (r.attempts) "/" (r.max_attempts) }
                     }
                 }
@@ -258,7 +258,7 @@ fn read_form(body: &str) -> ApplyForm {
 
 /// What happened to one run.
 enum RunResult {
-    Applied { before: String, after: String },
+    Applied { before: RunStatus, after: RunStatus },
     Refused(String),
     Blocked(String),
     NotTried(String),
@@ -321,7 +321,7 @@ async fn act_each(
 ) -> Vec<(JobKey, RunResult)> {
     let origin = Origin {
         remote_addr: a.remote.clone(),
-        expected_before: Some(expected.as_str().to_owned()),
+        expected_before: Some(expected),
     };
     let opts = ActOptions {
         lock_timeout: LOCK_TIMEOUT,
@@ -439,7 +439,7 @@ pub(crate) async fn apply(
                 tr {
                     td { a href=(run_href(key.as_str())) { (key.as_str()) } }
                     td { @match r {
-                        RunResult::Applied { before, after } => { "applied: " (badge(before)) " → " (badge(after)) }
+                        RunResult::Applied { before, after } => { "applied: " (badge(before.as_str())) " → " (badge(after.as_str())) }
                         RunResult::Refused(why) => { "refused: " (why) }
                         RunResult::Blocked(why) => { "blocked: " (why) }
                         RunResult::NotTried(why) => { (why) }

@@ -38,7 +38,7 @@ use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::{JobKey, JobName};
 use crate::queue::{
-    self, DuePeriod, Expected, JobSchedule, RunFilter, RunView, Window, RECENT_RUNS,
+    self, DuePeriod, Expected, JobSchedule, RunFilter, RunStatus, RunView, Window, RECENT_RUNS,
 };
 use crate::schedule::{self, Covers};
 
@@ -61,15 +61,47 @@ pub struct Cell {
     /// The run's state (a scoped period's worst scope's); `MISSING` for a
     /// due period without any run, `SKIPPED` for one the calendar skips,
     /// `ARCHIVED` for one whose run is not among the live runs read.
-    pub state: String,
+    pub state: CellState,
     /// Where the cell leads: its run, or a scoped period's run list.
     pub href: Option<String>,
     /// Why the period has no run, or the run's error, or its scopes.
     pub note: Option<String>,
 }
 
+/// A calendar cell's state: a run's, or one no run has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellState {
+    Run(RunStatus),
+    /// A due period without any run.
+    Missing,
+    /// A period whose run is not among the live runs read.
+    Archived,
+}
+
+impl CellState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Run(s) => s.as_str(),
+            Self::Missing => "MISSING",
+            Self::Archived => "ARCHIVED",
+        }
+    }
+}
+
+impl std::fmt::Display for CellState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// The states a scoped period's cell takes, worst first.
-const WORST_FIRST: [&str; 5] = ["FAILED", "RUNNING", "PENDING", "SUCCEEDED", "SKIPPED"];
+const WORST_FIRST: [RunStatus; 5] = [
+    RunStatus::Failed,
+    RunStatus::Running,
+    RunStatus::Pending,
+    RunStatus::Succeeded,
+    RunStatus::Skipped,
+];
 
 /// The cells of the runs in `[from, to]`, one per period, and the periods
 /// `expected` made due by `window.now` that have none: skipped ones as
@@ -101,7 +133,7 @@ pub fn plan(
                 period: period.clone(),
                 date,
                 start,
-                state: one.status.clone(),
+                state: CellState::Run(one.status),
                 href: Some(run_href(&one.job_key)),
                 note: one.error_message.clone(),
             },
@@ -110,7 +142,7 @@ pub fn plan(
                     .iter()
                     .find(|s| many.iter().any(|r| r.status == **s))
                     .copied()
-                    .unwrap_or("PENDING");
+                    .unwrap_or(RunStatus::Pending);
                 let per: Vec<String> = WORST_FIRST
                     .iter()
                     .filter_map(|s| {
@@ -122,7 +154,7 @@ pub fn plan(
                     period: period.clone(),
                     date,
                     start,
-                    state: state.to_owned(),
+                    state: CellState::Run(state),
                     href: Some(format!(
                         "/runs?job={}&from={date}&to={date}&key={}",
                         encode(job),
@@ -164,7 +196,7 @@ pub fn plan(
                             period: p.key_part.clone(),
                             date: p.period.date,
                             start: Some(p.start),
-                            state: "SKIPPED".into(),
+                            state: CellState::Run(RunStatus::Skipped),
                             href: None,
                             note: Some(format!("{reason}; no run recorded")),
                         },
@@ -205,7 +237,11 @@ pub fn resolve(
                 period: p.key_part.clone(),
                 date: p.period.date,
                 start: Some(p.start),
-                state: if missing { "MISSING" } else { "ARCHIVED" }.to_owned(),
+                state: if missing {
+                    CellState::Missing
+                } else {
+                    CellState::Archived
+                },
                 href: None,
                 note: Some(note),
             },
@@ -344,8 +380,14 @@ fn page_body(
     for c in cells {
         *counts.entry(c.state.as_str()).or_default() += 1;
     }
-    let missing: Vec<&Cell> = cells.iter().filter(|c| c.state == "MISSING").collect();
-    let skipped: Vec<&Cell> = cells.iter().filter(|c| c.state == "SKIPPED").collect();
+    let missing: Vec<&Cell> = cells
+        .iter()
+        .filter(|c| c.state == CellState::Missing)
+        .collect();
+    let skipped: Vec<&Cell> = cells
+        .iter()
+        .filter(|c| c.state == CellState::Run(RunStatus::Skipped))
+        .collect();
     // Only an operator may ask to enqueue what is missing.
     let select = html::may_act(a.session.user.role) && !missing.is_empty();
     let grid = html! {
@@ -429,7 +471,7 @@ fn cell(c: &Cell, select: bool) -> Markup {
             Some(href) => a class={ "cell " (c.state) } href=(href) title=(title) { (c.period) br; (c.state) },
             None => span class={ "cell " (c.state) } title=(title) { (c.period) br; (c.state) },
         }
-        @if select && c.state == "MISSING" {
+        @if select && c.state == CellState::Missing {
             label.pick { input type="checkbox" name="period" value=(c.period); " enqueue" }
         }
     }

@@ -9,7 +9,7 @@
 use maud::{html, Markup};
 
 use super::html::age;
-use crate::queue::{RecentRun, RECENT_RUNS};
+use crate::queue::{RecentRun, RunStatus, RECENT_RUNS};
 
 /// How large a chart is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +26,13 @@ fn n(x: f64) -> String {
 }
 
 /// The class of a run's bar: its state's colour.
-fn bar_class(status: &str) -> &'static str {
+fn bar_class(status: RunStatus) -> &'static str {
     match status {
-        "SUCCEEDED" => "bar ok",
-        "FAILED" => "bar failed",
-        "RUNNING" => "bar",
-        "SKIPPED" => "bar skipped",
-        _ => "bar pending",
+        RunStatus::Succeeded => "bar ok",
+        RunStatus::Failed => "bar failed",
+        RunStatus::Running => "bar",
+        RunStatus::Skipped => "bar skipped",
+        RunStatus::Pending => "bar pending",
     }
 }
 
@@ -71,7 +71,10 @@ pub(crate) fn runs_chart(job: &str, runs: &[RecentRun], size: Size) -> Markup {
         .filter_map(|r| r.duration_seconds)
         .fold(0.0_f64, f64::max);
     let most = runs.iter().map(|r| r.processed_count).max().unwrap_or(0);
-    let failed = runs.iter().filter(|r| r.status == "FAILED").count();
+    let failed = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Failed)
+        .count();
     let label = format!(
         "The newest {} runs of {job}, oldest first: bars show how long each ran (longest {}), the line the items it processed (most {most}); {failed} FAILED",
         runs.len(),
@@ -96,9 +99,9 @@ pub(crate) fn runs_chart(job: &str, runs: &[RecentRun], size: Size) -> Markup {
                 @let h = r.duration_seconds.map_or(0.0, |d| plot * d / longest.max(1.0)).max(1.0);
                 g {
                     title { (tooltip(r)) }
-                    rect class=(bar_class(&r.status)) x=(n(x_of(i) + 1.0)) y=(n(base - h))
+                    rect class=(bar_class(r.status)) x=(n(x_of(i) + 1.0)) y=(n(base - h))
                         width=(n((slot - 2.0).max(1.0))) height=(n(h)) {}
-                    @if r.status == "FAILED" {
+                    @if r.status == RunStatus::Failed {
                         text.mark x=(n(x_of(i) + slot / 2.0)) y=(n((base - h - 1.0).max(top - 1.0)))
                             text-anchor="middle" { "✕" }
                     }
@@ -122,12 +125,12 @@ pub(crate) fn runs_chart(job: &str, runs: &[RecentRun], size: Size) -> Markup {
 mod tests {
     use super::*;
 
-    fn run(key: &str, status: &str, secs: Option<f64>, items: i64) -> RecentRun {
+    fn run(key: &str, status: RunStatus, secs: Option<f64>, items: i64) -> RecentRun {
         RecentRun {
             job_key: key.into(),
             job_name: "settle".into(),
             business_date: chrono::NaiveDate::from_ymd_opt(2026, 9, 15).unwrap(),
-            status: status.into(),
+            status,
             processed_count: items,
             failed_count: 0,
             duration_seconds: secs,
@@ -138,8 +141,8 @@ mod tests {
     #[test]
     fn failures_are_marked_and_text_is_escaped() {
         let runs = [
-            run("settle:2026-09-16", "FAILED", Some(30.0), 5),
-            run("settle:2026-09-15", "SUCCEEDED", Some(60.0), 10),
+            run("settle:2026-09-16", RunStatus::Failed, Some(30.0), 5),
+            run("settle:2026-09-15", RunStatus::Succeeded, Some(60.0), 10),
         ];
         let svg = runs_chart("settle", &runs, Size::Large).into_string();
         assert!(svg.starts_with("<svg class=\"chart\""), "{svg}");

@@ -33,7 +33,7 @@ use super::html::{self, at, badge, encode, run_href};
 use super::{db_error, known_job, refuse_act, App, Authed};
 use crate::config::JobConfig;
 use crate::key::{JobKey, JobName};
-use crate::queue::{self, NewRun, MAX_OPERATOR_ENQUEUE};
+use crate::queue::{self, NewRun, RunStatus, MAX_OPERATOR_ENQUEUE};
 use crate::schedule::{self, Covers, Period};
 
 /// Most firings one window of the expected-period check may hold: far more
@@ -307,8 +307,8 @@ fn page_refusal(a: &Authed, job: &JobName, status: StatusCode, why: &str) -> Res
 fn will_be(run: &NewRun) -> Markup {
     html! {
         @match &run.skip_reason {
-            None => { "enqueued " (badge("PENDING")) }
-            Some(why) => { "recorded " (badge("SKIPPED")) " (" (why) ")" }
+            None => { "enqueued " (badge(RunStatus::Pending.as_str())) }
+            Some(why) => { "recorded " (badge(RunStatus::Skipped.as_str())) " (" (why) ")" }
         }
     }
 }

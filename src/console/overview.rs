@@ -106,7 +106,7 @@ pub(crate) async fn overview(
                     @match runs.first() {
                         Some(r) => {
                             td { a href=(run_href(&r.job_key)) { (r.job_key) } }
-                            td { (badge(&r.status)) }
+                            td { (badge(r.status.as_str())) }
                         }
                         None => { td.muted { "no runs" } td { (html::nbsp()) } }
                     }

@@ -16,7 +16,7 @@ use super::run_query::{cursor, opt, query_path, run_filter, RunsQuery};
 use super::{db_error, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::JobName;
-use crate::queue::{self, AuditFilter, StaleRun};
+use crate::queue::{self, AuditFilter, RunStatus, StaleRun};
 use crate::runtime::worker_registry;
 
 /// Rows per page of the run list and the audit log.
@@ -75,8 +75,8 @@ pub(crate) async fn runs(
             label { "Job" input type="text" name="job" value=(opt(&q.job).unwrap_or("")); }
             label { "State" select name="status" {
                 option value="" { "any" }
-                @for s in ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "SKIPPED"] {
-                    option value=(s) selected[opt(&q.status) == Some(s)] { (s) }
+                @for s in RunStatus::ALL {
+                    option value=(s) selected[opt(&q.status) == Some(s.as_str())] { (s) }
                 }
             } }
             label { "From" input type="date" name="from" value=(opt(&q.from).unwrap_or("")); }
@@ -104,7 +104,7 @@ pub(crate) fn run_table(rows: &[queue::RunView]) -> Markup {
             @for r in rows {
                 tr {
                     td { a href=(run_href(&r.job_key)) { (r.job_key) } }
-                    td { (badge(&r.status)) }
+                    td { (badge(r.status.as_str())) }
                     td.num { (r.attempts) "/" (r.max_attempts) }
                     td.num { (r.processed_count) }
                     td.num { (r.failed_count) }
@@ -134,7 +134,7 @@ pub(crate) async fn stale(
             (stale_evidence(r))
             // A dead run's worker is gone: failing it is the way on. The
             // run page's preview shows the change before it applies.
-            @if may_act && r.conclusion == "dead" {
+            @if may_act && r.conclusion == queue::Conclusion::Dead {
                 form.act method="post" action={ (run_href(&r.job_key)) "/preview" } {
                     input type="hidden" name="csrf" value=(a.session.csrf);
                     input type="hidden" name="action" value="fail";

@@ -27,7 +27,7 @@ use super::{auth, db_error, not_found, refuse, App, Authed};
 use crate::clock::Clock;
 use crate::key::JobKey;
 use crate::queue::blockers::{self, ActError, ActOptions};
-use crate::queue::{self, Action, OperatorRequest, Origin};
+use crate::queue::{self, Action, OperatorRequest, Origin, RunStatus};
 
 /// How long an action waits for the run's row before it names the session
 /// holding it, as `runs fail|rerun|skip` do by default.
@@ -124,15 +124,15 @@ async fn render(
     let may_act = html::may_act(a.session.user.role);
     let said = run_message(&run, &history);
     // Only a PENDING run that will be claimed again has a next attempt.
-    let next_attempt = run.status == "PENDING" && run.attempts < run.max_attempts;
+    let next_attempt = run.status == RunStatus::Pending && run.attempts < run.max_attempts;
     // An unfinished run changes by itself: its page follows it.
-    let unfinished = matches!(run.status.as_str(), "PENDING" | "RUNNING");
+    let unfinished = matches!(run.status, RunStatus::Pending | RunStatus::Running);
     let refreshing = unfinished && refresh == Some(true);
     let body = html! {
         @if unfinished {
             @if let Some(on) = refresh { (html::refresh_toggle(&run_href(&run.job_key), on)) }
         }
-        h1 { (run.job_key) " " (badge(&run.status)) }
+        h1 { (run.job_key) " " (badge(run.status.as_str())) }
         @if let Some((class, text)) = &message { (html::message(class, text)) }
         @if let Some(p) = preview { (p) }
         h2 { "Actions" }
@@ -140,7 +140,7 @@ async fn render(
         @else {
             @let forms: Vec<Markup> = [Action::Fail, Action::Rerun, Action::Skip]
                 .into_iter()
-                .filter_map(|action| action_form(a, &run.job_key, &run.status, action))
+                .filter_map(|action| action_form(a, &run.job_key, run.status, action))
                 .collect();
             @if forms.is_empty() { p.muted { "No action applies to a " (run.status) " run." } }
             @for f in &forms { (f) }
@@ -162,7 +162,7 @@ async fn render(
             } @else if next_attempt {
                 tr { th scope="row" { "Next attempt not before" } td { (at(run.next_run_at)) } }
             }
-            @if run.status == "RUNNING" {
+            @if run.status == RunStatus::Running {
                 tr { th scope="row" { "Lease" } td {
                     (run.lease_owner.as_deref().unwrap_or("—")) ", attempt " (run.attempts)
                     ", expires " (at_opt(run.lease_expires_at))
@@ -221,11 +221,12 @@ async fn render(
 /// A preview form for `action`, offered when the run's state allows it,
 /// with Force (and what it does, in plain words) where the state or a live
 /// lease needs it.
-fn action_form(a: &Authed, key: &str, status: &str, action: Action) -> Option<Markup> {
-    let (plain, forced): (&[&str], &[&str]) = match action {
-        Action::Fail => (&["RUNNING"], &["PENDING"]),
-        Action::Rerun => (&["FAILED"], &["SUCCEEDED", "SKIPPED"]),
-        Action::Skip => (&["PENDING", "FAILED"], &[]),
+fn action_form(a: &Authed, key: &str, status: RunStatus, action: Action) -> Option<Markup> {
+    use RunStatus::*;
+    let (plain, forced): (&[RunStatus], &[RunStatus]) = match action {
+        Action::Fail => (&[Running], &[Pending]),
+        Action::Rerun => (&[Failed], &[Succeeded, Skipped]),
+        Action::Skip => (&[Pending, Failed], &[]),
     };
     let needs_force = forced.contains(&status);
     if !plain.contains(&status) && !needs_force {
@@ -336,7 +337,7 @@ fn run_message(run: &queue::RunView, history: &[queue::ActionView]) -> Option<(S
             ));
         }
     }
-    if run.status == "SKIPPED" && msg.starts_with("business calendar:") {
+    if run.status == RunStatus::Skipped && msg.starts_with("business calendar:") {
         return Some(("Why skipped".into(), msg.to_owned()));
     }
     Some(("Last error".into(), msg.to_owned()))
@@ -428,7 +429,7 @@ pub(crate) async fn preview(
             let confirm = html! {
                 div.note {
                     p { strong { (outcome.action) } " " (outcome.job_key) ": "
-                        (badge(&outcome.before)) " → " (badge(&outcome.after))
+                        (badge(outcome.before.as_str())) " → " (badge(outcome.after.as_str()))
                         @if req.force { " (forced)" } }
                     p { "Reason: " (req.reason) }
                     p { "Recorded as operator " strong { (req.operator) } " from " (a.remote) "." }
@@ -460,9 +461,23 @@ pub(crate) async fn apply(
         Err((StatusCode::NOT_FOUND, why)) => return not_found(&a, &why),
         Err((status, why)) => return refuse(status, &why),
     };
+    // The state the preview showed, exactly as it printed it: anything else
+    // is a form the preview did not write.
+    let expected_before = match f.expected.as_deref().filter(|e| !e.is_empty()) {
+        None => None,
+        Some(e) => match e.parse::<RunStatus>() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    "The previewed state is wrong; preview again.",
+                )
+            }
+        },
+    };
     let origin = Origin {
         remote_addr: a.remote.clone(),
-        expected_before: f.expected.clone().filter(|e| !e.is_empty()),
+        expected_before,
     };
     let terminate = f.terminate_blocker.as_deref() == Some("true");
     let opts = ActOptions {
@@ -519,7 +534,7 @@ pub(crate) async fn apply(
                             input type="hidden" name="csrf" value=(a.session.csrf);
                             input type="hidden" name="action" value=(req.action.as_str());
                             input type="hidden" name="reason" value=(req.reason);
-                            input type="hidden" name="expected" value=(origin.expected_before.clone().unwrap_or_default());
+                            input type="hidden" name="expected" value=(origin.expected_before.map_or("", RunStatus::as_str));
                             @if req.force { input type="hidden" name="force" value="true"; }
                             input type="hidden" name="terminate_blocker" value="true";
                             button type="submit" { "End the holding session and " (req.action.as_str()) }

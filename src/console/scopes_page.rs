@@ -64,9 +64,9 @@ pub(crate) async fn scopes(
             table {
                 tr { th scope="col" { "State" } th scope="col" { "Scopes" } th scope="col" { "Which" } }
                 @for s in p.states.iter().filter(|s| s.count > 0) {
-                    @let list = format!("/runs?job={}&status={}&key={}", encode(&p.job_name), encode(&s.status), encode(&format!("{}@", p.period_key)));
+                    @let list = format!("/runs?job={}&status={}&key={}", encode(&p.job_name), encode(s.status.as_str()), encode(&format!("{}@", p.period_key)));
                     tr {
-                        td { (badge(&s.status)) }
+                        td { (badge(s.status.as_str())) }
                         td.num { a href=(list) { (s.count) } }
                         td {
                             @for (i, scope) in s.named.iter().enumerate() {

@@ -289,7 +289,7 @@ async fn run_on(
         if killed.is_none() {
             if let Some(r) = all
                 .iter()
-                .find(|r| r.status == "RUNNING" && r.processed_count >= 50)
+                .find(|r| r.status == RunStatus::Running && r.processed_count >= 50)
             {
                 let owner = r.lease_owner.clone().unwrap_or_default();
                 if let Some((_, slot)) = workers.iter_mut().find(|(id, _)| *id == owner) {
@@ -317,10 +317,7 @@ async fn run_on(
         let ours = all
             .iter()
             .filter(|r| runs.iter().any(|n| n.key.as_str() == r.job_key));
-        if ours
-            .clone()
-            .all(|r| RunStatus::parse(&r.status).is_some_and(RunStatus::is_terminal))
-        {
+        if ours.clone().all(|r| r.status.is_terminal()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -364,7 +361,7 @@ async fn run_on(
         let v = demo
             .verify(&pool, &cfg, &run.key, run.business_date)
             .await?;
-        let run_ok = view.status == "SUCCEEDED" && v.ok && v.duplicates == 0;
+        let run_ok = view.status == RunStatus::Succeeded && v.ok && v.duplicates == 0;
         ok &= run_ok;
         println!(
             "{:<32} {:<10} {:>8} {:>7} {:>5}  {} {}",

@@ -52,14 +52,14 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
     for (job, g) in queue::gauges(pool, also, Clock::Db).await? {
         let job = job.to_string();
         for (status, n) in &g.runs {
-            metrics::gauge!(telemetry::RUNS, "job" => job.clone(), "status" => status.clone())
+            metrics::gauge!(telemetry::RUNS, "job" => job.clone(), "status" => status.as_str())
                 .set(*n as f64);
         }
         // Partitions only for a job that has them: the same five statuses,
         // so the series stay bounded by jobs, not by runs or partitions.
         if g.partitions.iter().any(|(_, n)| *n > 0) {
             for (status, n) in &g.partitions {
-                metrics::gauge!(telemetry::PARTITIONS, "job" => job.clone(), "status" => status.clone())
+                metrics::gauge!(telemetry::PARTITIONS, "job" => job.clone(), "status" => status.as_str())
                     .set(*n as f64);
             }
         }
@@ -68,7 +68,7 @@ pub async fn publish_once(pool: &PgPool, also: &[JobName]) -> Result<(), queue::
         // are in a state is for `status` and the console to say.
         if g.scopes.iter().any(|(_, n)| *n > 0) {
             for (status, n) in &g.scopes {
-                metrics::gauge!(telemetry::SCOPES, "job" => job.clone(), "status" => status.clone())
+                metrics::gauge!(telemetry::SCOPES, "job" => job.clone(), "status" => status.as_str())
                     .set(*n as f64);
             }
             if let Some(t) = g.scope_period_start_unix {

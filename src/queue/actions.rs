@@ -56,13 +56,14 @@ impl Action {
         }
     }
 
-    fn allowed(self, force: bool) -> &'static [&'static str] {
+    fn allowed(self, force: bool) -> &'static [RunStatus] {
+        use RunStatus::*;
         match (self, force) {
-            (Self::Fail, false) => &["RUNNING"],
-            (Self::Fail, true) => &["RUNNING", "PENDING"],
-            (Self::Rerun, false) => &["FAILED"],
-            (Self::Rerun, true) => &["FAILED", "SUCCEEDED", "SKIPPED"],
-            (Self::Skip, _) => &["PENDING", "FAILED"],
+            (Self::Fail, false) => &[Running],
+            (Self::Fail, true) => &[Running, Pending],
+            (Self::Rerun, false) => &[Failed],
+            (Self::Rerun, true) => &[Failed, Succeeded, Skipped],
+            (Self::Skip, _) => &[Pending, Failed],
         }
     }
 
@@ -97,8 +98,8 @@ pub struct OperatorRequest {
 pub struct ActionOutcome {
     pub job_key: String,
     pub action: String,
-    pub before: String,
-    pub after: String,
+    pub before: RunStatus,
+    pub after: RunStatus,
     pub applied: bool,
 }
 
@@ -110,7 +111,7 @@ pub struct ActionOutcome {
 pub struct Refused {
     pub action: &'static str,
     pub key: String,
-    pub status: String,
+    pub status: RunStatus,
     pub detail: String,
     /// What would let the action through, if anything.
     pub remedy: Remedy,
@@ -174,7 +175,7 @@ pub(crate) async fn preview_action_in(
         job_key: req.key.to_string(),
         action: req.action.as_str().into(),
         before,
-        after: req.action.target().as_str().into(),
+        after: req.action.target(),
         applied: false,
     }))
 }
@@ -187,9 +188,9 @@ pub(super) async fn check_action(
     req: &OperatorRequest,
     clock: Clock,
     lock: bool,
-) -> Result<Result<String, Refused>, QueueError> {
+) -> Result<Result<RunStatus, Refused>, QueueError> {
     // A database function: the operator role cannot lock the row itself.
-    let row: Option<(String, bool)> =
+    let row: Option<(RunStatus, bool)> =
         crate::db::query_as("SELECT status, stale FROM batchonce_operator_check($1, $2, $3, $4)")
             .bind(req.key.as_str())
             .bind(req.stale_after.as_secs_f64())
@@ -203,23 +204,24 @@ pub(super) async fn check_action(
     let refuse = |detail: String, remedy: Remedy| Refused {
         action: req.action.as_str(),
         key: req.key.to_string(),
-        status: status.clone(),
+        status,
         detail,
         remedy,
     };
     let allowed = req.action.allowed(req.force);
-    if !allowed.contains(&status.as_str()) {
-        let remedy = match (req.action, status.as_str()) {
-            (Action::Rerun, "SUCCEEDED" | "SKIPPED") => Remedy::ForceCorrection,
-            (Action::Fail, "PENDING") => Remedy::ForceNotStarted,
+    if !allowed.contains(&status) {
+        let remedy = match (req.action, status) {
+            (Action::Rerun, RunStatus::Succeeded | RunStatus::Skipped) => Remedy::ForceCorrection,
+            (Action::Fail, RunStatus::Pending) => Remedy::ForceNotStarted,
             _ => Remedy::None,
         };
+        let names: Vec<&str> = allowed.iter().map(|s| s.as_str()).collect();
         return Ok(Err(refuse(
-            format!(" (allowed from {})", allowed.join(" or ")),
+            format!(" (allowed from {})", names.join(" or ")),
             remedy,
         )));
     }
-    if req.action == Action::Fail && status == "RUNNING" && !stale && !req.force {
+    if req.action == Action::Fail && status == RunStatus::Running && !stale && !req.force {
         return Ok(Err(refuse(
             " with a live lease and not past stale_after".into(),
             Remedy::CheckStaleOrForce,
@@ -250,7 +252,7 @@ pub struct Origin {
     /// The state the operator's preview showed: the action applies only if
     /// the run is still in it, so a confirmation never applies to a run
     /// another operator changed in between.
-    pub expected_before: Option<String>,
+    pub expected_before: Option<RunStatus>,
 }
 
 /// [`apply_action`] in a transaction the caller opened (and may have set a
@@ -260,7 +262,7 @@ pub(crate) async fn apply_action_in(
     mut tx: Transaction<'static, Postgres>,
     req: &OperatorRequest,
     clock: Clock,
-    expected_before: Option<&str>,
+    expected_before: Option<RunStatus>,
 ) -> Result<Result<ActionOutcome, Refused>, QueueError> {
     let before = match check_action(&mut tx, req, clock, true).await? {
         Ok(b) => b,
@@ -276,7 +278,12 @@ pub(crate) async fn apply_action_in(
             remedy: Remedy::None,
         }));
     }
-    let allowed: Vec<&str> = req.action.allowed(req.force).to_vec();
+    let allowed: Vec<&str> = req
+        .action
+        .allowed(req.force)
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
     let message = truncate(&format!(
         "{} by operator {}: {}",
         match req.action {
@@ -310,7 +317,7 @@ pub(crate) async fn apply_action_in(
     if updated.is_none() {
         tx.rollback().await?;
         let mut stmt = crate::db::statement(pool).await?;
-        let status: String =
+        let status: RunStatus =
             crate::db::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
                 .bind(req.key.as_str())
                 .fetch_one(stmt.conn())
@@ -329,7 +336,7 @@ pub(crate) async fn apply_action_in(
         job_key: req.key.to_string(),
         action: req.action.as_str().into(),
         before,
-        after: req.action.target().as_str().into(),
+        after: req.action.target(),
         applied: true,
     }))
 }

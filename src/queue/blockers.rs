@@ -588,7 +588,7 @@ async fn attempt(
             .execute(&mut *tx)
             .await?;
     }
-    let expected = origin.and_then(|o| o.expected_before.as_deref());
+    let expected = origin.and_then(|o| o.expected_before);
     // For this transaction only, so it holds through PgBouncer too, whose
     // server connection stays the same for one transaction (and so does
     // the pid).

@@ -44,7 +44,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
 
 use super::expected::{DuePeriod, Expected, FirstPeriod, SettingsSource, Window};
-use super::{QueueError, CONFIG_PROBLEM, WAITING_YEAR, WORKER_PROBLEM};
+use super::{QueueError, RunStatus, CONFIG_PROBLEM, WAITING_YEAR, WORKER_PROBLEM};
 use crate::clock::Clock;
 use crate::key::JobName;
 use crate::schedule::MAX_PERIODS_PER_TICK;
@@ -634,8 +634,11 @@ pub async fn job_health(pool: &PgPool, clock: Clock) -> Result<Health, QueueErro
         .flat_map(|(j, (ps, _, _))| ps.iter().map(move |p| (j.as_str(), p)))
         .collect();
     let missing_keys = without_runs(pool, &probe).await?;
-    let count = |g: &super::JobGauges, s: &str| {
-        g.runs.iter().find(|(st, _)| st == s).map_or(0, |(_, n)| *n)
+    let count = |g: &super::JobGauges, s: RunStatus| {
+        g.runs
+            .iter()
+            .find(|(st, _)| *st == s)
+            .map_or(0, |(_, n)| *n)
     };
     let mut jobs = Vec::with_capacity(gauges.len());
     for (name, g) in &gauges {
@@ -676,12 +679,12 @@ pub async fn job_health(pool: &PgPool, clock: Clock) -> Result<Health, QueueErro
         jobs.push(JobHealth {
             missing,
             overdue,
-            failed: count(g, "FAILED"),
+            failed: count(g, RunStatus::Failed),
             stale: g.stale,
-            pending: count(g, "PENDING"),
-            running: count(g, "RUNNING"),
-            succeeded: count(g, "SUCCEEDED"),
-            skipped: count(g, "SKIPPED"),
+            pending: count(g, RunStatus::Pending),
+            running: count(g, RunStatus::Running),
+            succeeded: count(g, RunStatus::Succeeded),
+            skipped: count(g, RunStatus::Skipped),
             paused_seconds: g.paused_seconds,
             oldest_due_seconds: g.oldest_pending_seconds,
             waiting,

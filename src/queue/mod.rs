@@ -95,8 +95,8 @@ pub use search::{
     RecentRun, RunCursor, RunFilter, RECENT_RUNS,
 };
 pub use views::{
-    gauges, registry_problems, stale_runs, status, JobGauges, QueueStatus, RegistryProblem,
-    StaleBrief, StaleRun, StatusCount, CONFIG_PROBLEM, WORKER_PROBLEM,
+    gauges, registry_problems, stale_runs, status, Conclusion, JobGauges, QueueStatus,
+    RegistryProblem, StaleBrief, StaleRun, StatusCount, CONFIG_PROBLEM, WORKER_PROBLEM,
 };
 
 /// The channel `enqueue` notifies so idle workers wake at once.
@@ -156,8 +156,15 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
-/// The states of a run (`docs/state_machine.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The states of a run (`docs/state_machine.md`). The database stores each
+/// as its upper-case name (`batch_job_run.status`, a `varchar` the schema's
+/// CHECK limits to these five); [`Display`](std::fmt::Display), serde and
+/// sqlx all use that text, so the command line, the JSON and the console
+/// print exactly what is stored.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum RunStatus {
     Pending,
     Running,
@@ -185,6 +192,8 @@ impl RunStatus {
         }
     }
 
+    /// An operator's spelling, in any case (`--status failed`); the
+    /// database's text is parsed exactly, by [`FromStr`](std::str::FromStr).
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
@@ -198,7 +207,66 @@ impl RunStatus {
 
 impl std::fmt::Display for RunStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so that `{:<10}` aligns a status as it aligns a string.
+        f.pad(self.as_str())
+    }
+}
+
+/// Text that names no run state: a row the schema's CHECK should have
+/// refused, or a state of a newer release.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown run status {0:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)")]
+pub struct UnknownStatus(pub String);
+
+impl std::str::FromStr for RunStatus {
+    type Err = UnknownStatus;
+
+    /// The stored text, exactly (upper case).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
+// By hand rather than `#[derive(sqlx::Type)]`: the derive would declare a
+// type of its own name, which sqlx's type check refuses for a `varchar` or
+// `text` column; this accepts every column `&str` does and decodes through
+// `FromStr`, so an unknown state is a decode error, never a default.
+impl sqlx::Type<sqlx::Postgres> for RunStatus {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for RunStatus {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(text.parse()?)
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for RunStatus {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for RunStatus {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::postgres::PgHasArrayType>::array_type_info()
+    }
+
+    fn array_compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::postgres::PgHasArrayType>::array_compatible(ty)
     }
 }
 
@@ -213,5 +281,21 @@ mod tests {
         }
         assert_eq!(RunStatus::parse("failed"), Some(RunStatus::Failed));
         assert_eq!(RunStatus::parse("DONE"), None);
+    }
+
+    #[test]
+    fn statuses_round_trip_through_text_and_json() {
+        for s in RunStatus::ALL {
+            assert_eq!(s.to_string().parse::<RunStatus>(), Ok(s));
+            let json = serde_json::to_value(s).unwrap();
+            assert_eq!(json, serde_json::json!(s.as_str()));
+            assert_eq!(serde_json::from_value::<RunStatus>(json).unwrap(), s);
+        }
+        // Widths align a status as they align its text (`demo`'s table).
+        assert_eq!(format!("[{:<9}]", RunStatus::Failed), "[FAILED   ]");
+        // The stored text is exact: only an operator's spelling may differ.
+        assert!("failed".parse::<RunStatus>().is_err());
+        let err = "DONE".parse::<RunStatus>().unwrap_err();
+        assert!(err.to_string().contains("\"DONE\""), "{err}");
     }
 }

@@ -18,7 +18,7 @@
 
 use sqlx::{PgPool, Row};
 
-use super::{context, NewRun, QueueError};
+use super::{context, NewRun, QueueError, RunStatus};
 use crate::key::{JobKey, JobName};
 use crate::text::truncate;
 
@@ -30,7 +30,7 @@ pub const MAX_OPERATOR_ENQUEUE: usize = 400;
 pub struct OperatorEnqueued {
     /// Runs inserted, each with its state (PENDING, or SKIPPED for a period
     /// the declared calendar skips) and one audit row.
-    pub enqueued: Vec<(JobKey, String)>,
+    pub enqueued: Vec<(JobKey, RunStatus)>,
     /// Keys that had a run already (live or archived): nothing changed.
     pub duplicates: Vec<JobKey>,
 }
@@ -155,13 +155,13 @@ pub async fn operator_enqueue(
     let mut inserted = std::collections::HashMap::new();
     for row in rows {
         let key: String = row.try_get("job_key")?;
-        let status: String = row.try_get("status")?;
+        let status: RunStatus = row.try_get("status")?;
         inserted.insert(key, status);
     }
     let mut out = OperatorEnqueued::default();
     for r in runs {
         match inserted.get(r.key.as_str()) {
-            Some(status) => out.enqueued.push((r.key.clone(), status.clone())),
+            Some(status) => out.enqueued.push((r.key.clone(), *status)),
             None => out.duplicates.push(r.key.clone()),
         }
     }

@@ -18,7 +18,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 use super::runs::{run_from_row, RunView, RUN_COLUMNS};
-use super::{context, QueueError};
+use super::{context, QueueError, RunStatus};
 use crate::key::JobKey;
 
 /// When a partitioned parent is due while its partitions are unfinished:
@@ -29,7 +29,7 @@ pub const WAITING_YEAR: i32 = 9999;
 pub fn is_waiting(run: &RunView) -> bool {
     use chrono::Datelike;
     matches!(run.step, Step::Final { .. })
-        && run.status == "PENDING"
+        && run.status == RunStatus::Pending
         && run.next_run_at.year() >= WAITING_YEAR
 }
 

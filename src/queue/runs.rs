@@ -21,7 +21,7 @@ pub struct RunView {
     pub job_key: String,
     pub job_name: String,
     pub business_date: NaiveDate,
-    pub status: String,
+    pub status: RunStatus,
     pub attempts: i32,
     pub max_attempts: i32,
     pub next_run_at: DateTime<Utc>,
@@ -185,6 +185,8 @@ pub struct ActionView {
     pub session_user: String,
     pub action: String,
     pub reason: String,
+    /// Text, not a [`RunStatus`]: an `enqueue` row's `before_status` is
+    /// `MISSING`, and a job's rows (`pause`, `archive`) name its states.
     pub before_status: String,
     pub after_status: String,
     /// What a `terminate-blocker` row ended; `None` for the other actions.

@@ -37,7 +37,7 @@ pub struct ScopePeriod {
 /// The scopes of a period in one state.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ScopeState {
-    pub status: String,
+    pub status: RunStatus,
     pub count: i64,
     /// The first [`NAMED`] of them, in order; `count` says how many more.
     pub named: Vec<String>,
@@ -46,14 +46,14 @@ pub struct ScopeState {
 impl ScopePeriod {
     /// The scopes in `status`.
     pub fn state(&self, status: RunStatus) -> Option<&ScopeState> {
-        self.states.iter().find(|s| s.status == status.as_str())
+        self.states.iter().find(|s| s.status == status)
     }
 
     /// Scopes not done: neither SUCCEEDED nor SKIPPED.
     pub fn open(&self) -> i64 {
         self.states
             .iter()
-            .filter(|s| s.status != "SUCCEEDED" && s.status != "SKIPPED")
+            .filter(|s| !matches!(s.status, RunStatus::Succeeded | RunStatus::Skipped))
             .map(|s| s.count)
             .sum()
     }
@@ -168,11 +168,11 @@ pub async fn scope_periods(
     for p in &mut out {
         let mut states = Vec::with_capacity(RunStatus::ALL.len());
         for st in RunStatus::ALL {
-            let found = p.states.iter().position(|s| s.status == st.as_str());
+            let found = p.states.iter().position(|s| s.status == st);
             states.push(match found {
                 Some(i) => p.states.swap_remove(i),
                 None => ScopeState {
-                    status: st.as_str().to_owned(),
+                    status: st,
                     count: 0,
                     named: Vec::new(),
                 },

@@ -184,6 +184,9 @@ pub struct AuditRow {
     pub action: String,
     pub job_key: String,
     pub reason: String,
+    /// Text, not a [`RunStatus`]: besides a run's states, an audit row
+    /// records a job's (`ACTIVE`, `PAUSED`), a period's (`MISSING`) and an
+    /// archive's (`FINISHED`, `ARCHIVED`).
     pub before_status: String,
     pub after_status: String,
     pub detail: Option<String>,
@@ -258,7 +261,7 @@ pub struct RecentRun {
     pub job_key: String,
     pub job_name: String,
     pub business_date: NaiveDate,
-    pub status: String,
+    pub status: RunStatus,
     pub processed_count: i64,
     pub failed_count: i64,
     /// From the current attempt's start to its finish (to now while

@@ -226,7 +226,7 @@ pub async fn registry_problems(pool: &PgPool) -> Result<(Vec<RegistryProblem>, i
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StatusCount {
     pub job_name: String,
-    pub status: String,
+    pub status: RunStatus,
     pub runs: i64,
 }
 
@@ -254,7 +254,54 @@ pub struct QueueStatus {
 pub struct StaleBrief {
     pub job_key: String,
     pub job_name: String,
-    pub conclusion: String,
+    pub conclusion: Conclusion,
+}
+
+/// What the evidence says about a stale run's worker ([`stale_runs`]). The
+/// text (`blocked`, `alive-slow`, `dead`, `unknown`) is what `runs stale`,
+/// `status`, their JSON and the console print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Conclusion {
+    /// A session of the worker waits on a lock; the evidence names who holds it.
+    Blocked,
+    /// The worker's session is connected and its heartbeat is recent.
+    AliveSlow,
+    /// No session, and neither a heartbeat nor the worker seen within the lease ttl.
+    Dead,
+    /// The evidence disagrees: look closer.
+    Unknown,
+}
+
+impl Conclusion {
+    pub const ALL: [Conclusion; 4] = [Self::Blocked, Self::AliveSlow, Self::Dead, Self::Unknown];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Blocked => "blocked",
+            Self::AliveSlow => "alive-slow",
+            Self::Dead => "dead",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for Conclusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so that widths align a conclusion as they align a string.
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Conclusion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| format!("unknown conclusion {s:?}"))
+    }
 }
 
 /// Counts per job and status, the oldest due PENDING run, expired leases
@@ -346,8 +393,7 @@ pub struct StaleRun {
     pub session_alive: bool,
     /// A session of the worker that waits on a lock, and who holds it.
     pub lock_wait: Option<super::blockers::LockWait>,
-    /// `blocked`, `alive-slow`, `dead` or `unknown`.
-    pub conclusion: String,
+    pub conclusion: Conclusion,
 }
 
 /// Lists stale runs with evidence and a conclusion per run:
@@ -395,11 +441,11 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
             let alive: bool = r.try_get("session_alive")?;
             let recent = |age: Option<f64>| age.is_some_and(|a| a < ttl);
             let conclusion = if alive && recent(hb) {
-                "alive-slow"
+                Conclusion::AliveSlow
             } else if !alive && !recent(hb) && !recent(seen) {
-                "dead"
+                Conclusion::Dead
             } else {
-                "unknown"
+                Conclusion::Unknown
             };
             Ok(StaleRun {
                 job_key: r.try_get("job_key")?,
@@ -420,7 +466,7 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
                 worker_last_seen_age_seconds: seen,
                 session_alive: alive,
                 lock_wait: None,
-                conclusion: conclusion.to_owned(),
+                conclusion,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
@@ -432,7 +478,7 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
         };
         run.lock_wait = super::blockers::lock_wait(pool, &run.job_key, owner).await?;
         if run.lock_wait.is_some() {
-            run.conclusion = "blocked".to_owned();
+            run.conclusion = Conclusion::Blocked;
         }
     }
     Ok(runs)
@@ -442,9 +488,9 @@ pub async fn stale_runs(pool: &PgPool, clock: Clock) -> Result<Vec<StaleRun>, Qu
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobGauges {
     /// Runs per status; a partitioned run counts once, by its parent.
-    pub runs: Vec<(String, i64)>,
+    pub runs: Vec<(RunStatus, i64)>,
     /// Partitions per status (all zero for a job without partitions).
-    pub partitions: Vec<(String, i64)>,
+    pub partitions: Vec<(RunStatus, i64)>,
     pub oldest_pending_seconds: f64,
     pub stale: i64,
     /// When a run of the job last succeeded (counted when it did, so a run
@@ -460,7 +506,7 @@ pub struct JobGauges {
     /// The scoped runs of the job's newest scoped period per status (all
     /// zero for a job without scoped runs): bounded by jobs and states,
     /// never one series per scope.
-    pub scopes: Vec<(String, i64)>,
+    pub scopes: Vec<(RunStatus, i64)>,
     /// The start of that period, `None` for a job without scoped runs (or
     /// one whose runs store no period).
     pub scope_period_start_unix: Option<f64>,
@@ -618,13 +664,13 @@ pub async fn gauges(
     rows.iter()
         .map(|r| {
             let name: String = r.try_get("job_name")?;
-            let per_status = |col: &str| -> Result<Vec<(String, i64)>, QueueError> {
+            let per_status = |col: &str| -> Result<Vec<(RunStatus, i64)>, QueueError> {
                 let v: serde_json::Value = r.try_get(col)?;
                 Ok(RunStatus::ALL
                     .iter()
                     .map(|st| {
                         let n = v.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
-                        (st.as_str().to_owned(), n)
+                        (*st, n)
                     })
                     .collect())
             };
@@ -650,4 +696,23 @@ pub async fn gauges(
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conclusions_round_trip_through_text_and_json() {
+        let texts: Vec<&str> = Conclusion::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(texts, ["blocked", "alive-slow", "dead", "unknown"]);
+        for c in Conclusion::ALL {
+            assert_eq!(c.to_string().parse::<Conclusion>(), Ok(c));
+            let json = serde_json::to_value(c).unwrap();
+            assert_eq!(json, serde_json::json!(c.as_str()));
+            assert_eq!(serde_json::from_value::<Conclusion>(json).unwrap(), c);
+        }
+        assert!("Dead".parse::<Conclusion>().is_err());
+        assert!(serde_json::from_value::<Conclusion>(serde_json::json!("gone")).is_err());
+    }
 }

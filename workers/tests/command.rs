@@ -1029,7 +1029,7 @@ stale_after = "2s"
     };
     assert_eq!(run.processed_count, 30, "{run:?}");
     assert!(run.session_alive, "{run:?}");
-    assert_eq!(run.conclusion, "alive-slow", "{run:?}");
+    assert_eq!(run.conclusion, queue::Conclusion::AliveSlow, "{run:?}");
     wait_status(&db.pool, key, &["SUCCEEDED"]).await;
     assert!(stop(worker).success());
     let (run_counts, attempt_counts): ((i64, i64), (i64, i64)) = (

@@ -108,7 +108,7 @@ fn the_pack_ships_the_package_and_the_examples_run_the_packed_one() {
         let source = std::fs::read(repo().join("clients/node/index.js")).unwrap();
         assert!(
             installed == source,
-            "examples/{example} has an older package: repack it and update the example's lock (`(cd clients/node && npm pack) && (cd examples/{example} && npm install ../../clients/node/batchonce-0.1.0.tgz)`)"
+            "examples/{example} has an older package: repack it and update the example's lock (`(cd clients/node && npm pack) && (cd examples/{example} && npm install ../../clients/node/batchonce-0.2.0.tgz)`)"
         );
     }
 }

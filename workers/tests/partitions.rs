@@ -177,7 +177,12 @@ async fn one_date_split_over_two_workers_settles_each_order_once_and_summarizes_
         .iter()
         .find(|(j, _)| j.as_str() == settlement::NAME)
         .unwrap();
-    let of = |v: &[(String, i64)]| v.iter().find(|(s, _)| s == "SUCCEEDED").unwrap().1;
+    let of = |v: &[(queue::RunStatus, i64)]| {
+        v.iter()
+            .find(|(s, _)| *s == queue::RunStatus::Succeeded)
+            .unwrap()
+            .1
+    };
     assert_eq!((of(&g.runs), of(&g.partitions)), (1, 4));
     // `runs show` lists the partitions under the run's final step.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_batchonce"))

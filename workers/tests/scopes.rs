@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use batchonce::config::Config;
-use batchonce::queue::{self, NewRun};
+use batchonce::queue::{self, NewRun, RunStatus};
 use batchonce::runtime::producer;
 use batchonce::schedule::Period;
 use batchonce::testing::{wait_until, TestDb};
@@ -227,9 +227,13 @@ async fn one_poisoned_seller_fails_alone_and_a_rerun_of_its_key_settles_it_alone
     // done while one of its scopes is FAILED.
     let gauges = queue::gauges(pool, &[], Clock::Db).await.unwrap();
     let (_, g) = gauges.iter().find(|(j, _)| *j == job).unwrap();
-    let of = |s: &str| g.scopes.iter().find(|(st, _)| st == s).unwrap().1;
+    let of = |s: RunStatus| g.scopes.iter().find(|(st, _)| *st == s).unwrap().1;
     assert_eq!(
-        (of("SUCCEEDED"), of("FAILED"), g.scopes.len()),
+        (
+            of(RunStatus::Succeeded),
+            of(RunStatus::Failed),
+            g.scopes.len()
+        ),
         (SELLERS - 1, 1, 5)
     );
     assert_eq!(g.last_done_period_start_unix, None, "{g:?}");

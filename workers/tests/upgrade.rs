@@ -1,5 +1,5 @@
 //! The rolling upgrade, with real processes of both releases: the previous
-//! release's `batchonce` (the commit pinned in `.ci/previous-release`) and
+//! release's `batchonce` (0.1.0: the version and commit pinned in `.ci/previous-release`) and
 //! this one's, on one database, as during a deploy.
 //!
 //! The database starts on the previous release's schema with one of its

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use async_trait::async_trait;
 use batchonce::config::Config;
-use batchonce::queue::{self, NewRun};
+use batchonce::queue::{self, NewRun, RunStatus};
 use batchonce::runtime::worker::{self, Shutdown, WorkerOptions};
 use batchonce::{Clock, Job, JobConfig, JobContext, JobError, JobKey, JobName, Outcome, Registry};
 use batchonce_workers::settlement;
@@ -470,12 +470,12 @@ async fn send(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json
         let (signals, handle) = spawn_worker(pool, reg, config, opts);
         let deadline = Instant::now() + Duration::from_secs(1200);
         let status = loop {
-            let status: String =
+            let status: RunStatus =
                 sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
                     .bind(key.as_str())
                     .fetch_one(pool)
                     .await?;
-            if status != "PENDING" && status != "RUNNING" || Instant::now() > deadline {
+            if status.is_terminal() || Instant::now() > deadline {
                 break status;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -483,7 +483,7 @@ async fn send(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json
         let elapsed = started.elapsed().as_secs_f64();
         signals.shutdown.cancel();
         let _ = handle.await;
-        if status != "SUCCEEDED" {
+        if status != RunStatus::Succeeded {
             bail!("send: {key} ended {status}");
         }
         let rate = n as f64 / elapsed;
@@ -706,15 +706,15 @@ impl WorkerProcesses {
     async fn wait_status(&self, pool: &PgPool, key: &str, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            let s: String =
+            let s: RunStatus =
                 sqlx::query_scalar("SELECT status FROM batch_job_run WHERE job_key = $1")
                     .bind(key)
                     .fetch_one(pool)
                     .await?;
-            if s == "SUCCEEDED" {
+            if s == RunStatus::Succeeded {
                 return Ok(());
             }
-            if s == "FAILED" || s == "SKIPPED" || Instant::now() > deadline {
+            if s.is_terminal() || Instant::now() > deadline {
                 bail!("{key} ended {s}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
