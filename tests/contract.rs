@@ -178,7 +178,7 @@ async fn one_generation_of_each_family_is_left_and_this_release_still_runs() {
             .await
             .unwrap()
             .unwrap_or_else(|r| panic!("{action:?} refused: {r:?}"));
-        assert_eq!(out.after, after, "{out:?}");
+        assert_eq!(out.after.as_str(), after, "{out:?}");
     }
 }
 

@@ -5,12 +5,13 @@
 //! `docs/cli-reference.md`.
 //!
 //! `mod.rs` holds the arguments, `main`, logging and the usage-error line;
-//! `commands.rs` what each top-level command does; `runs.rs` the `runs`
-//! subcommands; `jobs.rs` the `jobs` subcommands; `status.rs` `status`;
-//! `watch.rs` `runs watch`; `keys.rs` the date hint for keys; `print.rs` the
-//! shared output (`Table`, whose columns are as wide as their widest cell in
-//! terminal columns, `unicode-width`; instants to the second in UTC; ages
-//! such as `3m12s`).
+//! `commands.rs` the dispatch, one handler per command, and the short
+//! commands; `migrate.rs`, `enqueue.rs`, `produce.rs` and `worker.rs` one
+//! command each; `process.rs` what long-running processes share (signals,
+//! metrics server, ids) and `schema.rs` the "not migrated" checks; `runs.rs`
+//! and `jobs.rs` their subcommands; `status.rs` `status`; `watch.rs` `runs
+//! watch`; `keys.rs` the date hint for keys; `print.rs` the shared output
+//! (`Table`, columns as wide as their widest cell in terminal columns).
 //!
 //! Invariants:
 //!
@@ -42,12 +43,18 @@ use crate::runtime::job::Registry;
 use crate::text::escape_for_terminal as esc;
 
 mod commands;
+mod enqueue;
 mod jobs;
 mod keys;
+mod migrate;
 mod print;
+mod process;
+mod produce;
 mod runs;
+mod schema;
 mod status;
 mod watch;
+mod worker;
 
 use commands::dispatch;
 pub use status::status_output;
@@ -108,25 +115,7 @@ enum Command {
     /// Enqueues the runs of a date or a range: prints `enqueued KEY`,
     /// `duplicate KEY` or `skipped KEY (reason)` per run. A scoped job
     /// needs --scope or --all-scopes.
-    Enqueue {
-        /// Job name, e.g. daily-settlement.
-        job: String,
-        /// Business date, YYYY-MM-DD.
-        #[arg(long, required_unless_present = "from", conflicts_with_all = ["from", "to"])]
-        date: Option<String>,
-        /// Backfill: first business date of an inclusive range (at most 366 days).
-        #[arg(long, requires = "to")]
-        from: Option<String>,
-        /// Backfill: last business date of the range.
-        #[arg(long, requires = "from")]
-        to: Option<String>,
-        /// A scoped job's scopes to enqueue, e.g. seller-4711 (repeat it, or separate by commas).
-        #[arg(long, value_delimiter = ',', conflicts_with = "all_scopes")]
-        scope: Vec<String>,
-        /// Every scope the job's `scopes` lists or its scope query returns now.
-        #[arg(long)]
-        all_scopes: bool,
-    },
+    Enqueue(EnqueueArgs),
     /// The producer: enqueues every scheduled period, on a timer, until SIGTERM.
     Produce {
         /// One tick, then exit.
@@ -163,47 +152,7 @@ enum Command {
         start_at_ms: i64,
     },
     /// A worker process: leases and executes runs until SIGTERM/SIGINT.
-    Worker {
-        /// Runs executed at once.
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-        concurrency: u32,
-        /// Most runs claimed ahead of a free slot (0: claim only for free
-        /// slots). Only as many as the worker started in the last 50 ms are
-        /// claimed ahead, and one not started within 1 s (or a quarter of
-        /// its lease) is released for any worker.
-        #[arg(long, default_value_t = crate::runtime::worker::DEFAULT_PREFETCH, value_parser = clap::value_parser!(u32).range(0..=10000))]
-        prefetch: u32,
-        /// Worker id (default: <host>-<pid>); also the database application_name.
-        #[arg(long)]
-        worker_id: Option<String>,
-        /// After SIGTERM, how long handlers may take to reach a chunk boundary.
-        #[arg(long, default_value = "20s", value_parser = duration_arg)]
-        grace: Duration,
-        /// How often to look for due runs without a notification.
-        #[arg(long, default_value = "2s", value_parser = duration_arg)]
-        poll_interval: Duration,
-        /// Do not LISTEN for enqueue notifications (poll only).
-        #[arg(long, conflicts_with = "listen_url")]
-        no_listen: bool,
-        /// LISTEN on a connection of its own to this URL (or
-        /// BATCHONCE_LISTEN_URL) instead of one from the pool: a direct URL
-        /// to PostgreSQL when DATABASE_URL goes through PgBouncer, which
-        /// cannot hold a LISTEN session.
-        #[arg(long, env = "BATCHONCE_LISTEN_URL", hide_env_values = true)]
-        listen_url: Option<String>,
-        /// Serve /metrics, /healthz and /readyz here.
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        metrics_addr: std::net::SocketAddr,
-        /// Connections for claims and handlers (default: concurrency + 3).
-        /// Heartbeats use one more connection of their own, so a pool
-        /// smaller than the concurrency slows handlers but never the leases.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
-        max_connections: Option<u32>,
-        /// Serve only these declared jobs, comma-separated (default: every
-        /// job the configuration declares), e.g. `--jobs daily-settlement`.
-        #[arg(long, value_delimiter = ',')]
-        jobs: Vec<String>,
-    },
+    Worker(WorkerArgs),
     /// Publishes the database-derived gauges (one per deployment).
     Exporter {
         /// How often to read the database.
@@ -216,45 +165,7 @@ enum Command {
     /// Serves the operator's web console: every job's business dates at a
     /// glance, runs, stale runs, the audit log and workers; operators fail,
     /// re-run and skip runs with a reason, audited as on the command line.
-    Console {
-        /// Where to listen; loopback unless told otherwise.
-        #[arg(long, default_value = "127.0.0.1:8470")]
-        listen: std::net::SocketAddr,
-        /// The users file (or BATCHONCE_CONSOLE_USERS): TOML `[[user]]`
-        /// entries with `name`, `role` (viewer or operator) and
-        /// `password_hash` (from `--hash-password`).
-        #[arg(long, env = "BATCHONCE_CONSOLE_USERS")]
-        users: Option<PathBuf>,
-        /// Sign users in from this header, set by a trusted reverse proxy;
-        /// needs --proxy-secret-env. The user must be in the users file,
-        /// which gives the role.
-        #[arg(long, requires = "proxy_secret_env")]
-        proxy_user_header: Option<String>,
-        /// The environment variable holding the secret the proxy sends in
-        /// `X-Batchonce-Proxy-Secret` (at least 16 characters).
-        #[arg(long, requires = "proxy_user_header")]
-        proxy_secret_env: Option<String>,
-        /// Mark cookies `Secure`, so browsers send them only over HTTPS:
-        /// the default unless --listen is a loopback address.
-        #[arg(long, conflicts_with = "no_secure_cookies")]
-        secure_cookies: bool,
-        /// Do not mark cookies `Secure` even beyond loopback: only for a
-        /// console that browsers reach over plain HTTP on a trusted
-        /// network.
-        #[arg(long)]
-        no_secure_cookies: bool,
-        /// A reverse proxy (an address or a range, e.g. 10.0.0.0/8;
-        /// repeat or separate with commas) whose `X-Forwarded-For` names
-        /// the client: the sign-in limit and the audit then use the
-        /// right-most address it reports that is not itself a trusted
-        /// proxy. From any other peer the header is ignored.
-        #[arg(long, value_delimiter = ',', value_parser = trusted_proxy_arg)]
-        trusted_proxy: Vec<crate::console::client_addr::Cidr>,
-        /// Print an argon2id hash of the password read from standard input
-        /// (one line), for the users file, and exit.
-        #[arg(long)]
-        hash_password: bool,
-    },
+    Console(ConsoleArgs),
     /// Inspects runs.
     Runs {
         #[command(subcommand)]
@@ -286,6 +197,114 @@ enum Command {
         #[arg(long)]
         keep_direct_writes: bool,
     },
+}
+
+// `enqueue`'s arguments (enqueue.rs).
+#[derive(Debug, clap::Args)]
+struct EnqueueArgs {
+    /// Job name, e.g. daily-settlement.
+    job: String,
+    /// Business date, YYYY-MM-DD.
+    #[arg(long, required_unless_present = "from", conflicts_with_all = ["from", "to"])]
+    date: Option<String>,
+    /// Backfill: first business date of an inclusive range (at most 366 days).
+    #[arg(long, requires = "to")]
+    from: Option<String>,
+    /// Backfill: last business date of the range.
+    #[arg(long, requires = "from")]
+    to: Option<String>,
+    /// A scoped job's scopes to enqueue, e.g. seller-4711 (repeat it, or separate by commas).
+    #[arg(long, value_delimiter = ',', conflicts_with = "all_scopes")]
+    scope: Vec<String>,
+    /// Every scope the job's `scopes` lists or its scope query returns now.
+    #[arg(long)]
+    all_scopes: bool,
+}
+
+// `worker`'s arguments (worker.rs).
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    /// Runs executed at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
+    /// Most runs claimed ahead of a free slot (0: claim only for free
+    /// slots). Only as many as the worker started in the last 50 ms are
+    /// claimed ahead, and one not started within 1 s (or a quarter of
+    /// its lease) is released for any worker.
+    #[arg(long, default_value_t = crate::runtime::worker::DEFAULT_PREFETCH, value_parser = clap::value_parser!(u32).range(0..=10000))]
+    prefetch: u32,
+    /// Worker id (default: <host>-<pid>); also the database application_name.
+    #[arg(long)]
+    worker_id: Option<String>,
+    /// After SIGTERM, how long handlers may take to reach a chunk boundary.
+    #[arg(long, default_value = "20s", value_parser = duration_arg)]
+    grace: Duration,
+    /// How often to look for due runs without a notification.
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    poll_interval: Duration,
+    /// Do not LISTEN for enqueue notifications (poll only).
+    #[arg(long, conflicts_with = "listen_url")]
+    no_listen: bool,
+    /// LISTEN on a connection of its own to this URL (or
+    /// BATCHONCE_LISTEN_URL) instead of one from the pool: a direct URL
+    /// to PostgreSQL when DATABASE_URL goes through PgBouncer, which
+    /// cannot hold a LISTEN session.
+    #[arg(long, env = "BATCHONCE_LISTEN_URL", hide_env_values = true)]
+    listen_url: Option<String>,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    metrics_addr: std::net::SocketAddr,
+    /// Connections for claims and handlers (default: concurrency + 3).
+    /// Heartbeats use one more connection of their own, so a pool
+    /// smaller than the concurrency slows handlers but never the leases.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_connections: Option<u32>,
+    /// Serve only these declared jobs, comma-separated (default: every
+    /// job the configuration declares), e.g. `--jobs daily-settlement`.
+    #[arg(long, value_delimiter = ',')]
+    jobs: Vec<String>,
+}
+
+// `console`'s arguments (commands.rs).
+#[derive(Debug, clap::Args)]
+struct ConsoleArgs {
+    /// Where to listen; loopback unless told otherwise.
+    #[arg(long, default_value = "127.0.0.1:8470")]
+    listen: std::net::SocketAddr,
+    /// The users file (or BATCHONCE_CONSOLE_USERS): TOML `[[user]]`
+    /// entries with `name`, `role` (viewer or operator) and
+    /// `password_hash` (from `--hash-password`).
+    #[arg(long, env = "BATCHONCE_CONSOLE_USERS")]
+    users: Option<PathBuf>,
+    /// Sign users in from this header, set by a trusted reverse proxy;
+    /// needs --proxy-secret-env. The user must be in the users file,
+    /// which gives the role.
+    #[arg(long, requires = "proxy_secret_env")]
+    proxy_user_header: Option<String>,
+    /// The environment variable holding the secret the proxy sends in
+    /// `X-Batchonce-Proxy-Secret` (at least 16 characters).
+    #[arg(long, requires = "proxy_user_header")]
+    proxy_secret_env: Option<String>,
+    /// Mark cookies `Secure`, so browsers send them only over HTTPS:
+    /// the default unless --listen is a loopback address.
+    #[arg(long, conflicts_with = "no_secure_cookies")]
+    secure_cookies: bool,
+    /// Do not mark cookies `Secure` even beyond loopback: only for a
+    /// console that browsers reach over plain HTTP on a trusted
+    /// network.
+    #[arg(long)]
+    no_secure_cookies: bool,
+    /// A reverse proxy (an address or a range, e.g. 10.0.0.0/8;
+    /// repeat or separate with commas) whose `X-Forwarded-For` names
+    /// the client: the sign-in limit and the audit then use the
+    /// right-most address it reports that is not itself a trusted
+    /// proxy. From any other peer the header is ignored.
+    #[arg(long, value_delimiter = ',', value_parser = trusted_proxy_arg)]
+    trusted_proxy: Vec<crate::console::client_addr::Cidr>,
+    /// Print an argon2id hash of the password read from standard input
+    /// (one line), for the users file, and exit.
+    #[arg(long)]
+    hash_password: bool,
 }
 
 /// The exit status of a command that worked and found what the caller
@@ -609,9 +628,9 @@ fn help_command(args: impl IntoIterator<Item = std::ffi::OsString>) -> String {
 fn init_logging(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
     let default = match cli.command {
-        Command::Worker { .. }
+        Command::Worker(_)
         | Command::Exporter { .. }
-        | Command::Console { .. }
+        | Command::Console(_)
         | Command::Produce { once: false, .. } => "info",
         // Short commands report their own errors; sqlx's warning that a
         // statement was slow (an operator action waiting for a row) would
@@ -732,12 +751,12 @@ mod console_flag_tests {
 
     #[test]
     fn secure_cookies_and_trusted_proxies_parse() {
-        let Ok(Command::Console {
+        let Ok(Command::Console(ConsoleArgs {
             secure_cookies,
             no_secure_cookies,
             trusted_proxy,
             ..
-        }) = console(&["--no-secure-cookies", "--trusted-proxy", "10.0.0.0/8,::1"])
+        })) = console(&["--no-secure-cookies", "--trusted-proxy", "10.0.0.0/8,::1"])
         else {
             panic!("console flags refused");
         };

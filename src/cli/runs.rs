@@ -37,219 +37,256 @@ pub(super) async fn runs_command(
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
     match command {
-        RunsCommand::Stale { fail_if_dead } => {
-            let stale = queue::stale_runs(pool, Clock::Db).await?;
-            let drift = crate::runtime::worker_registry::config_drift(pool).await?;
-            let left_out = queue::registry_problems(pool).await?;
-            if json_out {
-                for p in &left_out.0 {
-                    eprintln!(
-                        "batchonce: warning: registry: left out {}",
-                        esc(&p.describe())
-                    );
-                }
-                println!("{}", json_for_terminal(&stale)?);
-                // Standard output stays the list scripts read.
-                for d in &drift {
-                    eprintln!(
-                        "batchonce: warning: live processes run {} with {} different configurations (keys: {}); see `batchonce status`",
-                        esc(&d.job_name),
-                        distinct_fingerprints(d),
-                        esc(&d.keys.join(", "))
-                    );
-                }
-                return Ok(stale_exit(&stale, *fail_if_dead));
-            }
-            print_drift(&drift);
-            print_left_out(&left_out.0, left_out.1);
-            if stale.is_empty() {
-                println!("no stale runs");
-            }
-            let age = |a: Option<f64>| {
-                a.map(|s| format!("{s:.0}s ago"))
-                    .unwrap_or_else(|| "never".into())
-            };
-            for r in &stale {
-                println!("{}  {}", esc(&r.job_key), r.conclusion);
-                println!(
-                    "  attempt {} by {}, running {:.0}s{}",
-                    r.attempt,
-                    esc(r.worker_id.as_deref().unwrap_or("?")),
-                    r.running_seconds,
-                    if r.lease_expired {
-                        ", lease expired"
-                    } else {
-                        ""
-                    }
-                );
-                println!(
-                    "  last heartbeat {}; processed {} ({} since the last heartbeat)",
-                    age(r.heartbeat_age_seconds),
-                    r.processed_count,
-                    if r.advanced_since_heartbeat {
-                        "advancing"
-                    } else {
-                        "not advancing"
-                    }
-                );
-                println!(
-                    "  worker last seen {}; database session {}",
-                    age(r.worker_last_seen_age_seconds),
-                    if r.session_alive { "connected" } else { "gone" }
-                );
-                if let Some(w) = &r.lock_wait {
-                    println!(
-                        "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
-                        w.pid,
-                        esc(w.wait_event.as_deref().unwrap_or("?")),
-                        w.waiting_seconds.unwrap_or(0.0),
-                        if w.for_this_run {
-                            ""
-                        } else {
-                            " (maybe for another of its runs)"
-                        }
-                    );
-                    for b in &w.blockers {
-                        println!("    {}", esc(&b.session.describe()));
-                        for s in &b.blocked_by {
-                            println!("      {}", esc(&s.describe()));
-                        }
-                    }
-                }
-            }
-            Ok(stale_exit(&stale, *fail_if_dead))
-        }
+        RunsCommand::Stale { fail_if_dead } => stale(pool, *fail_if_dead, json_out).await,
         RunsCommand::Watch { key, interval } => {
             let key = keys::parse(key)?;
             super::watch::watch(pool, &key, *interval, json_out).await
         }
         RunsCommand::Fail(a) | RunsCommand::Rerun(a) | RunsCommand::Skip(a) => {
-            let action = match command {
-                RunsCommand::Fail(_) => queue::Action::Fail,
-                RunsCommand::Rerun(_) => queue::Action::Rerun,
-                _ => queue::Action::Skip,
-            };
-            let key = keys::parse(&a.key)?;
-            let operator = validate_operator(&a.operator)?;
-            let reason = validate_reason(&a.reason)?;
-            // A key that may be a date written another way: if it names no
-            // run, say how dates are written rather than only "no run".
-            if keys::hint(key.as_str()).is_some() && queue::show_run(pool, &key).await?.is_none() {
-                return Err(keys::no_run(&key));
-            }
-            let cfg = JobName::parse(key.job_name())
-                .ok()
-                .and_then(|n| config.job(&n).cloned())
-                .unwrap_or_default();
-            let req = queue::OperatorRequest {
-                action,
-                key,
-                operator,
-                reason,
-                force: a.force,
-                // Only for a run that stores no policy: the engine's default,
-                // as `runs stale` judges such a run.
-                stale_after: crate::config::JobConfig::default().stale_after,
-                max_attempts: cfg.max_attempts,
-            };
-            let opts = queue::blockers::ActOptions {
-                lock_timeout: a.lock_timeout,
-                terminate_blocker: a.terminate_blocker,
-                dry_run: a.dry_run,
-            };
-            let report = match queue::blockers::act(pool, &req, Clock::Db, opts).await {
-                Ok(r) => r,
-                Err(queue::blockers::ActError::Blocked(b)) => return blocked(&b, json_out),
-                Err(e) => return Err(e.into()),
-            };
-            let outcome = &report.outcome;
-            if json_out {
-                println!("{}", json_for_terminal(&report)?);
-                return Ok(ExitCode::SUCCESS);
-            }
-            for s in &report.terminated {
-                println!("terminated {} (audited)", esc(&s.describe()));
-            }
-            let (key, before, after) = (esc(&outcome.job_key), outcome.before, outcome.after);
-            if outcome.applied {
-                println!("{} {key}: {before} -> {after} (audited)", outcome.action);
-            } else {
-                println!(
-                    "dry run: {} {key} would change {before} -> {after}; nothing changed",
-                    outcome.action
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            act(pool, config, command, a, json_out).await
         }
         RunsCommand::List {
             status,
             job,
             scope,
             limit,
-        } => {
-            let status = match status {
-                Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
-                    anyhow!("unknown status {s:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)")
-                })?),
-                None => None,
-            };
-            let runs = list_runs(
-                pool,
-                registry,
-                status,
-                job.as_deref(),
-                scope.as_deref(),
-                *limit,
-            )
-            .await?;
-            if json_out {
-                println!("{}", json_for_terminal(&runs)?);
-            } else {
-                print_list(&runs);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => list(pool, registry, status, job, scope, *limit, json_out).await,
         RunsCommand::Archive(a) => archive(pool, a, json_out).await,
-        RunsCommand::Show { key } => {
-            let key = keys::parse(key)?;
-            let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
-                // Archived runs leave the ledger but not the record.
-                if let Some((run, attempts, archived)) = queue::show_archived(pool, &key).await? {
-                    let actions = queue::actions(pool, &key).await?;
-                    if json_out {
-                        println!(
-                            "{}",
-                            json_for_terminal(&json!({"run": run, "attempts": attempts,
-                                "archived": archived, "operator_actions": actions}))?
-                        );
-                    } else {
-                        print_show(&run, &attempts, &actions);
-                        println!();
-                        println!(
-                            "archived:       {} by audit row {} (`batchonce runs archive`); this run is no longer in the live ledger, and its key is never enqueued again",
-                            time(archived.archived_at),
-                            archived.audit_id
-                        );
-                    }
-                    return Ok(ExitCode::SUCCESS);
+        RunsCommand::Show { key } => show(pool, key, json_out).await,
+    }
+}
+
+/// `runs stale`: the stale runs with their evidence, after the
+/// configuration drift and the registry's problems.
+async fn stale(
+    pool: &sqlx::PgPool,
+    fail_if_dead: bool,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let stale = queue::stale_runs(pool, Clock::Db).await?;
+    let drift = crate::runtime::worker_registry::config_drift(pool).await?;
+    let left_out = queue::registry_problems(pool).await?;
+    if json_out {
+        for p in &left_out.0 {
+            eprintln!(
+                "batchonce: warning: registry: left out {}",
+                esc(&p.describe())
+            );
+        }
+        println!("{}", json_for_terminal(&stale)?);
+        // Standard output stays the list scripts read.
+        for d in &drift {
+            eprintln!(
+                "batchonce: warning: live processes run {} with {} different configurations (keys: {}); see `batchonce status`",
+                esc(&d.job_name),
+                distinct_fingerprints(d),
+                esc(&d.keys.join(", "))
+            );
+        }
+        return Ok(stale_exit(&stale, fail_if_dead));
+    }
+    print_drift(&drift);
+    print_left_out(&left_out.0, left_out.1);
+    if stale.is_empty() {
+        println!("no stale runs");
+    }
+    let age = |a: Option<f64>| {
+        a.map(|s| format!("{s:.0}s ago"))
+            .unwrap_or_else(|| "never".into())
+    };
+    for r in &stale {
+        println!("{}  {}", esc(&r.job_key), r.conclusion);
+        println!(
+            "  attempt {} by {}, running {:.0}s{}",
+            r.attempt,
+            esc(r.worker_id.as_deref().unwrap_or("?")),
+            r.running_seconds,
+            if r.lease_expired {
+                ", lease expired"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "  last heartbeat {}; processed {} ({} since the last heartbeat)",
+            age(r.heartbeat_age_seconds),
+            r.processed_count,
+            if r.advanced_since_heartbeat {
+                "advancing"
+            } else {
+                "not advancing"
+            }
+        );
+        println!(
+            "  worker last seen {}; database session {}",
+            age(r.worker_last_seen_age_seconds),
+            if r.session_alive { "connected" } else { "gone" }
+        );
+        if let Some(w) = &r.lock_wait {
+            println!(
+                "  its session {} waits on a lock ({}) for {:.0}s{}, held by:",
+                w.pid,
+                esc(w.wait_event.as_deref().unwrap_or("?")),
+                w.waiting_seconds.unwrap_or(0.0),
+                if w.for_this_run {
+                    ""
+                } else {
+                    " (maybe for another of its runs)"
                 }
-                return Err(keys::no_run(&key));
-            };
+            );
+            for b in &w.blockers {
+                println!("    {}", esc(&b.session.describe()));
+                for s in &b.blocked_by {
+                    println!("      {}", esc(&s.describe()));
+                }
+            }
+        }
+    }
+    Ok(stale_exit(&stale, fail_if_dead))
+}
+
+/// `runs fail|rerun|skip`: the operator action `command` names, on the
+/// run `a.key` names.
+async fn act(
+    pool: &sqlx::PgPool,
+    config: &Config,
+    command: &RunsCommand,
+    a: &super::ActionArgs,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let action = match command {
+        RunsCommand::Fail(_) => queue::Action::Fail,
+        RunsCommand::Rerun(_) => queue::Action::Rerun,
+        _ => queue::Action::Skip,
+    };
+    let key = keys::parse(&a.key)?;
+    let operator = validate_operator(&a.operator)?;
+    let reason = validate_reason(&a.reason)?;
+    // A key that may be a date written another way: if it names no
+    // run, say how dates are written rather than only "no run".
+    if keys::hint(key.as_str()).is_some() && queue::show_run(pool, &key).await?.is_none() {
+        return Err(keys::no_run(&key));
+    }
+    let cfg = JobName::parse(key.job_name())
+        .ok()
+        .and_then(|n| config.job(&n).cloned())
+        .unwrap_or_default();
+    let req = queue::OperatorRequest {
+        action,
+        key,
+        operator,
+        reason,
+        force: a.force,
+        // Only for a run that stores no policy: the engine's default,
+        // as `runs stale` judges such a run.
+        stale_after: crate::config::JobConfig::default().stale_after,
+        max_attempts: cfg.max_attempts,
+    };
+    let opts = queue::blockers::ActOptions {
+        lock_timeout: a.lock_timeout,
+        terminate_blocker: a.terminate_blocker,
+        dry_run: a.dry_run,
+    };
+    let report = match queue::blockers::act(pool, &req, Clock::Db, opts).await {
+        Ok(r) => r,
+        Err(queue::blockers::ActError::Blocked(b)) => return blocked(&b, json_out),
+        Err(e) => return Err(e.into()),
+    };
+    let outcome = &report.outcome;
+    if json_out {
+        println!("{}", json_for_terminal(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for s in &report.terminated {
+        println!("terminated {} (audited)", esc(&s.describe()));
+    }
+    let (key, before, after) = (esc(&outcome.job_key), outcome.before, outcome.after);
+    if outcome.applied {
+        println!("{} {key}: {before} -> {after} (audited)", outcome.action);
+    } else {
+        println!(
+            "dry run: {} {key} would change {before} -> {after}; nothing changed",
+            outcome.action
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `runs list`: the runs that match, as a table or JSON.
+async fn list(
+    pool: &sqlx::PgPool,
+    registry: &Registry,
+    status: &Option<String>,
+    job: &Option<String>,
+    scope: &Option<String>,
+    limit: u32,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let status = match status {
+        Some(s) => Some(RunStatus::parse(s).ok_or_else(|| {
+            anyhow!(
+                "unknown status {s:?} (expected PENDING, RUNNING, SUCCEEDED, FAILED or SKIPPED)"
+            )
+        })?),
+        None => None,
+    };
+    let runs = list_runs(
+        pool,
+        registry,
+        status,
+        job.as_deref(),
+        scope.as_deref(),
+        limit,
+    )
+    .await?;
+    if json_out {
+        println!("{}", json_for_terminal(&runs)?);
+    } else {
+        print_list(&runs);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `runs show`: one run with its attempts and operator actions, from the
+/// ledger or, once archived, from the archive.
+async fn show(pool: &sqlx::PgPool, key: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+    let key = keys::parse(key)?;
+    let Some((run, attempts)) = queue::show_run(pool, &key).await? else {
+        // Archived runs leave the ledger but not the record.
+        if let Some((run, attempts, archived)) = queue::show_archived(pool, &key).await? {
             let actions = queue::actions(pool, &key).await?;
-            let partitions = queue::partitions(pool, &key).await?;
             if json_out {
                 println!(
                     "{}",
                     json_for_terminal(&json!({"run": run, "attempts": attempts,
-                        "partitions": partitions, "operator_actions": actions}))?
+                        "archived": archived, "operator_actions": actions}))?
                 );
             } else {
                 print_show(&run, &attempts, &actions);
-                print_partitions(&run, &partitions);
+                println!();
+                println!(
+                    "archived:       {} by audit row {} (`batchonce runs archive`); this run is no longer in the live ledger, and its key is never enqueued again",
+                    time(archived.archived_at),
+                    archived.audit_id
+                );
             }
-            Ok(ExitCode::SUCCESS)
+            return Ok(ExitCode::SUCCESS);
         }
+        return Err(keys::no_run(&key));
+    };
+    let actions = queue::actions(pool, &key).await?;
+    let partitions = queue::partitions(pool, &key).await?;
+    if json_out {
+        println!(
+            "{}",
+            json_for_terminal(&json!({"run": run, "attempts": attempts,
+                "partitions": partitions, "operator_actions": actions}))?
+        );
+    } else {
+        print_show(&run, &attempts, &actions);
+        print_partitions(&run, &partitions);
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `runs archive`: checks the input, then previews or archives batch after
@@ -401,15 +438,26 @@ fn print_show(
     attempts: &[queue::AttemptView],
     actions: &[queue::ActionView],
 ) {
+    print_run(run);
+    println!();
+    print_attempts(attempts);
+    print_actions(actions);
+}
+
+/// How long before or after `now` the instant `t` is: `3m12s ago`, `in 5s`.
+fn relative(now: chrono::DateTime<chrono::Utc>, t: chrono::DateTime<chrono::Utc>) -> String {
+    let s = (now - t).num_milliseconds() as f64 / 1000.0;
+    if s >= 0.0 {
+        format!("{} ago", seconds(s))
+    } else {
+        format!("in {}", seconds(s))
+    }
+}
+
+/// `runs show`'s fields of the run itself, from its key to its message.
+fn print_run(run: &queue::RunView) {
     let now = run.read_at;
-    let ago = |t: chrono::DateTime<chrono::Utc>| {
-        let s = (now - t).num_milliseconds() as f64 / 1000.0;
-        if s >= 0.0 {
-            format!("{} ago", seconds(s))
-        } else {
-            format!("in {}", seconds(s))
-        }
-    };
+    let ago = |t| relative(now, t);
     field("key", esc(&run.job_key));
     field("job", esc(&run.job_name));
     match (run.step, &run.partition_of) {
@@ -429,6 +477,30 @@ fn print_show(
         "processed",
         format!("{} items, {} failed", run.processed_count, run.failed_count),
     );
+    print_context(run);
+    field("enqueued", time(run.enqueued_at));
+    if queue::is_waiting(run) {
+        field("next try", "after its partitions (below)");
+    } else if run.status == RunStatus::Pending {
+        field(
+            "next try",
+            format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),
+        );
+    }
+    if let Some(t) = run.started_at {
+        field("started", format!("{} ({})", time(t), ago(t)));
+    }
+    if let Some(t) = run.finished_at {
+        field("finished", format!("{} ({})", time(t), ago(t)));
+    }
+    print_lease(run);
+    if let Some(e) = &run.error_message {
+        field("message", esc(e));
+    }
+}
+
+/// `runs show`'s period and policies, from the run's stored context.
+fn print_context(run: &queue::RunView) {
     match &run.context {
         Some(c) => {
             field(
@@ -462,21 +534,12 @@ fn print_show(
             "not recorded (enqueued by a release before run contexts; the worker that claims it records it)",
         ),
     }
-    field("enqueued", time(run.enqueued_at));
-    if queue::is_waiting(run) {
-        field("next try", "after its partitions (below)");
-    } else if run.status == RunStatus::Pending {
-        field(
-            "next try",
-            format!("{} ({})", time(run.next_run_at), ago(run.next_run_at)),
-        );
-    }
-    if let Some(t) = run.started_at {
-        field("started", format!("{} ({})", time(t), ago(t)));
-    }
-    if let Some(t) = run.finished_at {
-        field("finished", format!("{} ({})", time(t), ago(t)));
-    }
+}
+
+/// `runs show`'s lease of a RUNNING run, or the last worker of another.
+fn print_lease(run: &queue::RunView) {
+    let now = run.read_at;
+    let ago = |t| relative(now, t);
     match (&run.lease_owner, run.status) {
         (Some(o), RunStatus::Running) => {
             // The attempt, never the token: a token is the capability to
@@ -504,10 +567,10 @@ fn print_show(
         (Some(o), _) => field("last worker", esc(o)),
         (None, _) => {}
     }
-    if let Some(e) = &run.error_message {
-        field("message", esc(e));
-    }
-    println!();
+}
+
+/// `runs show`'s attempt history, with a command job's last lines.
+fn print_attempts(attempts: &[queue::AttemptView]) {
     println!("attempt history:");
     if attempts.is_empty() {
         println!("  none yet");
@@ -552,6 +615,10 @@ fn print_show(
             }
         }
     }
+}
+
+/// `runs show`'s operator actions, if any.
+fn print_actions(actions: &[queue::ActionView]) {
     if !actions.is_empty() {
         println!();
         println!("operator actions:");

@@ -66,124 +66,144 @@ pub(super) fn apply_job_table(
     path: &str,
 ) -> Result<(), (String, String)> {
     for (key, value) in fields {
-        let full = format!("{path}.{key}");
-        let err = |m: String| (full.clone(), m);
-        match key.as_str() {
-            "timezone" => {
-                let s = as_str(value).map_err(err)?;
-                cfg.timezone = s.parse::<Tz>().map_err(|_| {
-                    err(format!(
-                        "unknown time zone {s:?} (use an IANA name such as Asia/Seoul)"
-                    ))
-                })?;
-            }
-            "max_attempts" => cfg.max_attempts = as_int(value, 1, 1000).map_err(err)? as u32,
-            "chunk_size" => cfg.chunk_size = as_int(value, 1, 100_000).map_err(err)? as u32,
-            "lease_ttl" => cfg.lease_ttl = as_duration(value).map_err(err)?,
-            "stale_after" => cfg.stale_after = as_duration(value).map_err(err)?,
-            "backoff" => cfg.backoff = as_duration(value).map_err(err)?,
-            "backoff_max" => cfg.backoff_max = as_duration(value).map_err(err)?,
-            "chunk_pause" => cfg.chunk_pause = as_duration_or_zero(value).map_err(err)?,
-            "on_lease_expiry" => {
-                cfg.on_lease_expiry = match as_str(value).map_err(err)? {
-                    "retry" => LeaseExpiryPolicy::Retry,
-                    "hold" => LeaseExpiryPolicy::Hold,
-                    other => {
-                        return Err(err(format!(
-                            "unknown policy {other:?} (expected \"retry\" or \"hold\")"
-                        )))
-                    }
-                }
-            }
-            "schedule" => {
-                cfg.schedule = Some(CronSchedule::parse(as_str(value).map_err(err)?).map_err(err)?)
-            }
-            "covers" => {
-                let s = as_str(value).map_err(err)?;
-                cfg.covers = Covers::parse(s).ok_or_else(|| {
-                    err(format!(
-                        "unknown value {s:?} (expected \"same-day\", \"previous-day\" or \"firing\")"
-                    ))
-                })?;
-            }
-            "catch_up" => {
-                let d = as_duration_or_zero(value).map_err(err)?;
-                if d > MAX_CATCH_UP {
-                    return Err(err(format!(
-                        "{} is longer than the limit of 400d",
-                        as_str(value).unwrap_or("")
-                    )));
-                }
-                cfg.catch_up = d;
-            }
-            "skip_dates" => {
-                let list = value.as_array().ok_or_else(|| {
-                    err(format!(
-                        "expected an array of \"YYYY-MM-DD\" strings, found {}",
-                        value.type_str()
-                    ))
-                })?;
-                cfg.skip_dates = list
-                    .iter()
-                    .map(|v| as_str(v).and_then(|s| parse_date(s).map_err(|e| e.to_string())))
-                    .collect::<Result<_, _>>()
-                    .map_err(err)?;
-            }
-            "skip_weekdays" => {
-                let list = value.as_array().ok_or_else(|| {
-                    err(format!(
-                        "expected an array of weekday names, found {}",
-                        value.type_str()
-                    ))
-                })?;
-                cfg.skip_weekdays = list
-                    .iter()
-                    .map(|v| {
-                        let s = as_str(v)?;
-                        s.parse::<Weekday>().map_err(|_| {
-                            format!("unknown weekday {s:?} (use mon, tue, wed, thu, fri, sat, sun)")
-                        })
-                    })
-                    .collect::<Result<_, _>>()
-                    .map_err(err)?;
-            }
-            "enabled" => {
-                cfg.enabled = value.as_bool().ok_or_else(|| {
-                    err(format!(
-                        "expected true or false, found {}",
-                        value.type_str()
-                    ))
-                })?
-            }
-            "max_item_failures" => {
-                cfg.max_item_failures = Some(as_int(value, 0, i64::MAX).map_err(err)? as u64)
-            }
-            "partitions" => {
-                cfg.partitions =
-                    as_int(value, 1, i64::from(crate::key::MAX_PARTITIONS)).map_err(err)? as u16
-            }
-            "scopes" => cfg.scopes = Some(ScopeSource::parse(value).map_err(err)?),
-            "command" => cfg.command = Some(CommandSpec::new(as_argv(value).map_err(err)?)),
-            k if COMMAND_KEYS.contains(&k) => {
-                // Applied after the loop, once `command` is known to be there.
-            }
-            k if cfg.options.keys.contains(&k) => {
-                cfg.options.values.insert(k.to_owned(), value.clone());
-            }
-            _ => {
-                let mut expected: Vec<&str> = JOB_KEYS.to_vec();
-                expected.extend(cfg.options.keys);
-                if cfg.command.is_some() || fields.contains_key("command") {
-                    expected.extend(COMMAND_KEYS);
-                }
-                return Err(err(format!(
-                    "unknown key (expected one of: {})",
-                    expected.join(", ")
-                )));
-            }
-        }
+        apply_key(cfg, fields, path, key, value)?;
     }
     apply_command_keys(cfg, fields, path)?;
+    check_kind(cfg, path)?;
+    check_bounds(cfg, path)
+}
+
+/// Applies one key of the job's table (`fields`) to `cfg`; an unknown key
+/// is an error that lists the keys this job accepts.
+fn apply_key(
+    cfg: &mut JobConfig,
+    fields: &toml::Table,
+    path: &str,
+    key: &str,
+    value: &toml::Value,
+) -> Result<(), (String, String)> {
+    let full = format!("{path}.{key}");
+    let err = |m: String| (full.clone(), m);
+    match key {
+        "timezone" => {
+            let s = as_str(value).map_err(err)?;
+            cfg.timezone = s.parse::<Tz>().map_err(|_| {
+                err(format!(
+                    "unknown time zone {s:?} (use an IANA name such as Asia/Seoul)"
+                ))
+            })?;
+        }
+        "max_attempts" => cfg.max_attempts = as_int(value, 1, 1000).map_err(err)? as u32,
+        "chunk_size" => cfg.chunk_size = as_int(value, 1, 100_000).map_err(err)? as u32,
+        "lease_ttl" => cfg.lease_ttl = as_duration(value).map_err(err)?,
+        "stale_after" => cfg.stale_after = as_duration(value).map_err(err)?,
+        "backoff" => cfg.backoff = as_duration(value).map_err(err)?,
+        "backoff_max" => cfg.backoff_max = as_duration(value).map_err(err)?,
+        "chunk_pause" => cfg.chunk_pause = as_duration_or_zero(value).map_err(err)?,
+        "on_lease_expiry" => {
+            cfg.on_lease_expiry = match as_str(value).map_err(err)? {
+                "retry" => LeaseExpiryPolicy::Retry,
+                "hold" => LeaseExpiryPolicy::Hold,
+                other => {
+                    return Err(err(format!(
+                        "unknown policy {other:?} (expected \"retry\" or \"hold\")"
+                    )))
+                }
+            }
+        }
+        "schedule" => {
+            cfg.schedule = Some(CronSchedule::parse(as_str(value).map_err(err)?).map_err(err)?)
+        }
+        "covers" => {
+            let s = as_str(value).map_err(err)?;
+            cfg.covers = Covers::parse(s).ok_or_else(|| {
+                err(format!(
+                    "unknown value {s:?} (expected \"same-day\", \"previous-day\" or \"firing\")"
+                ))
+            })?;
+        }
+        "catch_up" => {
+            let d = as_duration_or_zero(value).map_err(err)?;
+            if d > MAX_CATCH_UP {
+                return Err(err(format!(
+                    "{} is longer than the limit of 400d",
+                    as_str(value).unwrap_or("")
+                )));
+            }
+            cfg.catch_up = d;
+        }
+        "skip_dates" => {
+            let list = value.as_array().ok_or_else(|| {
+                err(format!(
+                    "expected an array of \"YYYY-MM-DD\" strings, found {}",
+                    value.type_str()
+                ))
+            })?;
+            cfg.skip_dates = list
+                .iter()
+                .map(|v| as_str(v).and_then(|s| parse_date(s).map_err(|e| e.to_string())))
+                .collect::<Result<_, _>>()
+                .map_err(err)?;
+        }
+        "skip_weekdays" => {
+            let list = value.as_array().ok_or_else(|| {
+                err(format!(
+                    "expected an array of weekday names, found {}",
+                    value.type_str()
+                ))
+            })?;
+            cfg.skip_weekdays = list
+                .iter()
+                .map(|v| {
+                    let s = as_str(v)?;
+                    s.parse::<Weekday>().map_err(|_| {
+                        format!("unknown weekday {s:?} (use mon, tue, wed, thu, fri, sat, sun)")
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(err)?;
+        }
+        "enabled" => {
+            cfg.enabled = value.as_bool().ok_or_else(|| {
+                err(format!(
+                    "expected true or false, found {}",
+                    value.type_str()
+                ))
+            })?
+        }
+        "max_item_failures" => {
+            cfg.max_item_failures = Some(as_int(value, 0, i64::MAX).map_err(err)? as u64)
+        }
+        "partitions" => {
+            cfg.partitions =
+                as_int(value, 1, i64::from(crate::key::MAX_PARTITIONS)).map_err(err)? as u16
+        }
+        "scopes" => cfg.scopes = Some(ScopeSource::parse(value).map_err(err)?),
+        "command" => cfg.command = Some(CommandSpec::new(as_argv(value).map_err(err)?)),
+        k if COMMAND_KEYS.contains(&k) => {
+            // Applied after the loop, once `command` is known to be there.
+        }
+        k if cfg.options.keys.contains(&k) => {
+            cfg.options.values.insert(k.to_owned(), value.clone());
+        }
+        _ => {
+            let mut expected: Vec<&str> = JOB_KEYS.to_vec();
+            expected.extend(cfg.options.keys);
+            if cfg.command.is_some() || fields.contains_key("command") {
+                expected.extend(COMMAND_KEYS);
+            }
+            return Err(err(format!(
+                "unknown key (expected one of: {})",
+                expected.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What the job kind allows: partitions, scopes (whose keys must stay
+/// within the length rule) and the kind's own check of its options.
+fn check_kind(cfg: &JobConfig, path: &str) -> Result<(), (String, String)> {
     if cfg.partitions > 1 && !cfg.partitionable && cfg.command.is_none() {
         return Err((
             format!("{path}.partitions"),
@@ -217,6 +237,12 @@ pub(super) fn apply_job_table(
     if let Some(check) = cfg.options.check {
         check(&cfg.options.values).map_err(|e| (format!("{path}.{}", e.key), e.message))?;
     }
+    Ok(())
+}
+
+/// The bounds of the durations, and of the firings a schedule's catch-up
+/// window may hold.
+fn check_bounds(cfg: &JobConfig, path: &str) -> Result<(), (String, String)> {
     let bound = |key: &str, m: &str| (format!("{path}.{key}"), m.to_owned());
     if cfg.lease_ttl < Duration::from_secs(1) || cfg.lease_ttl > Duration::from_secs(86_400) {
         return Err(bound("lease_ttl", "must be between 1s and 24h"));

@@ -45,6 +45,7 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 use crate::clock::Clock;
@@ -165,6 +166,9 @@ pub async fn run(
     result
 }
 
+/// The demo on the server at `server_url`: a fresh database, the runs
+/// enqueued twice, two workers of which one is killed mid-run, then every
+/// run checked. Returns whether every check passed.
 async fn run_on(
     registry: &Registry,
     server_url: &str,
@@ -173,6 +177,42 @@ async fn run_on(
     started: Instant,
     console: Option<(std::net::SocketAddr, Option<PathBuf>)>,
 ) -> anyhow::Result<bool> {
+    let (url, pool) = fresh_database(registry, server_url).await?;
+    let (demo_cfg, cfg_path) = write_config(registry, config, home)?;
+    let runs = seed_and_enqueue(registry, &pool, &demo_cfg).await?;
+    let mut workers = start_workers(home, &cfg_path, &url)?;
+    let killed = kill_one_and_wait(&pool, &mut workers, &runs, &demo_cfg).await?;
+    let mut ok = stop_workers(&mut workers).await;
+    ok &= verify(registry, &pool, &runs, &demo_cfg, killed.as_ref()).await?;
+    if killed.is_none() {
+        ok = false;
+        println!("no worker was killed mid-run (the runs finished too fast to catch one)");
+    }
+    println!();
+    println!(
+        "demo {} in {:.1}s",
+        if ok {
+            "passed: every key ran exactly once, nothing lost"
+        } else {
+            "FAILED"
+        },
+        started.elapsed().as_secs_f64()
+    );
+    if let Some((addr, pgpass)) = console {
+        let reach = Reach {
+            url: &url,
+            config: &cfg_path,
+            home,
+            pgpass: pgpass.as_deref(),
+        };
+        serve_console(&pool, &demo_cfg, addr, &reach).await?;
+    }
+    Ok(ok)
+}
+
+/// Drops and creates the demo database, so the demo always shows a first
+/// run, and migrates it. Returns its URL and a pool on it.
+async fn fresh_database(registry: &Registry, server_url: &str) -> anyhow::Result<(String, PgPool)> {
     // A fresh database each time, so the demo always shows a first run.
     let admin = db::connect(server_url, "batchonce-demo", 2).await?;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)"))
@@ -188,7 +228,16 @@ async fn run_on(
     let pool = db::connect(&url, "batchonce-demo", 4).await?;
     db::migrate(&pool, &registry.migrations()).await?;
     println!("migrated database {DEMO_DB}");
+    Ok((url, pool))
+}
 
+/// The demo's configuration (every job's, shortened for the demo), written
+/// to `demo.toml` in `home` for the workers. Returns it and the file's path.
+fn write_config(
+    registry: &Registry,
+    config: &Config,
+    home: &std::path::Path,
+) -> anyhow::Result<(Config, PathBuf)> {
     let mut demo_cfg = config.clone();
     for (name, c) in demo_cfg.jobs.iter_mut() {
         *c = demo_config(c);
@@ -199,8 +248,17 @@ async fn run_on(
     let cfg_path = home.join("demo.toml");
     std::fs::write(&cfg_path, config_toml(&demo_cfg))
         .with_context(|| format!("cannot write {}", cfg_path.display()))?;
+    Ok((demo_cfg, cfg_path))
+}
 
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
+/// Seeds every demo job's data and enqueues its runs twice (the second
+/// time, every run is a duplicate). Returns the runs.
+async fn seed_and_enqueue(
+    registry: &Registry,
+    pool: &PgPool,
+    demo_cfg: &Config,
+) -> anyhow::Result<Vec<NewRun>> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let mut runs = Vec::new();
     for job in registry.jobs() {
         let Some(demo) = job.demo() else { continue };
@@ -209,7 +267,7 @@ async fn run_on(
         let periods = demo.periods(&cfg, now);
         let mut dates: Vec<_> = periods.iter().map(|p| p.date).collect();
         dates.dedup();
-        let seeded = demo.seed(&pool, &cfg, &dates).await?;
+        let seeded = demo.seed(pool, &cfg, &dates).await?;
         println!(
             "seeded {name}: {seeded} (time zone {})",
             cfg.timezone.name()
@@ -228,7 +286,7 @@ async fn run_on(
         bail!("no registered job kind supports the demo");
     }
     for round in ["first", "second"] {
-        let report = queue::enqueue(&pool, &runs, Clock::Db).await?;
+        let report = queue::enqueue(pool, &runs, Clock::Db).await?;
         println!("enqueue ({round} time):");
         for k in &report.enqueued {
             println!("  enqueued  {k}");
@@ -237,7 +295,16 @@ async fn run_on(
             println!("  duplicate {k}");
         }
     }
+    Ok(runs)
+}
 
+/// Starts the demo's worker processes, each logging to a file of its own
+/// in `home`.
+fn start_workers(
+    home: &std::path::Path,
+    cfg_path: &std::path::Path,
+    url: &str,
+) -> anyhow::Result<Vec<(String, Option<Child>)>> {
     let exe = std::env::current_exe().context("cannot find the batchonce binary")?;
     let mut workers: Vec<(String, Option<Child>)> = Vec::new();
     for i in 1..=WORKERS {
@@ -247,7 +314,7 @@ async fn run_on(
             .with_context(|| format!("cannot create {}", log.display()))?;
         let child = Command::new(&exe)
             .arg("--config")
-            .arg(&cfg_path)
+            .arg(cfg_path)
             .args([
                 "--log-format",
                 "json",
@@ -261,7 +328,7 @@ async fn run_on(
             // Each worker serves its metrics on a port of its own choosing,
             // so the two never compete for the default one.
             .args(["--metrics-addr", "127.0.0.1:0"])
-            .env("DATABASE_URL", &url)
+            .env("DATABASE_URL", url)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -276,7 +343,18 @@ async fn run_on(
         );
         workers.push((id, Some(child)));
     }
+    Ok(workers)
+}
 
+/// Waits (at most 45 s) for the runs to end, SIGKILLing whichever worker
+/// first holds a lease a few chunks into a run. Returns the killed worker
+/// and the run it held.
+async fn kill_one_and_wait(
+    pool: &PgPool,
+    workers: &mut [(String, Option<Child>)],
+    runs: &[NewRun],
+    demo_cfg: &Config,
+) -> anyhow::Result<Option<(String, String)>> {
     // SIGKILL whichever worker first holds a lease a few chunks into a run.
     let mut killed: Option<(String, String)> = None;
     let deadline = Instant::now() + Duration::from_secs(45);
@@ -285,7 +363,7 @@ async fn run_on(
             println!("timed out waiting for the runs to finish");
             break;
         }
-        let all = queue::list_runs(&pool, None, None, None, 1000).await?;
+        let all = queue::list_runs(pool, None, None, None, 1000).await?;
         if killed.is_none() {
             if let Some(r) = all
                 .iter()
@@ -322,7 +400,12 @@ async fn run_on(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok(killed)
+}
 
+/// Stops the workers still running with SIGTERM; false if one did not exit
+/// 0 within 15 s.
+async fn stop_workers(workers: &mut [(String, Option<Child>)]) -> bool {
     let mut ok = true;
     for (id, slot) in workers.iter_mut() {
         if let Some(mut child) = slot.take() {
@@ -343,24 +426,34 @@ async fn run_on(
             }
         }
     }
+    ok
+}
 
+/// Prints every run's check (status, items, duplicates, and the killed
+/// run's two attempts); false if one failed.
+async fn verify(
+    registry: &Registry,
+    pool: &PgPool,
+    runs: &[NewRun],
+    demo_cfg: &Config,
+    killed: Option<&(String, String)>,
+) -> anyhow::Result<bool> {
+    let mut ok = true;
     println!();
     println!(
         "{:<32} {:<10} {:>8} {:>7} {:>5}  CHECK",
         "KEY", "STATUS", "ATTEMPTS", "ITEMS", "DUPS"
     );
-    for run in &runs {
+    for run in runs {
         let job = registry
             .get(&run.job)
             .and_then(|j| j.demo().map(|d| (j, d)));
         let Some((_, demo)) = job else { continue };
         let cfg = demo_cfg.job(&run.job).cloned().unwrap_or_default();
-        let (view, attempts) = queue::show_run(&pool, &run.key)
+        let (view, attempts) = queue::show_run(pool, &run.key)
             .await?
             .context("a demo run disappeared")?;
-        let v = demo
-            .verify(&pool, &cfg, &run.key, run.business_date)
-            .await?;
+        let v = demo.verify(pool, &cfg, &run.key, run.business_date).await?;
         let run_ok = view.status == RunStatus::Succeeded && v.ok && v.duplicates == 0;
         ok &= run_ok;
         println!(
@@ -373,7 +466,7 @@ async fn run_on(
             if run_ok { "ok" } else { "FAILED" },
             v.detail
         );
-        if killed.as_ref().is_some_and(|(_, k)| *k == view.job_key) {
+        if killed.is_some_and(|(_, k)| *k == view.job_key) {
             for a in &attempts {
                 println!(
                     "    attempt {} by {}: {} ({} items)",
@@ -388,29 +481,6 @@ async fn run_on(
                 println!("    expected 2 attempts for the killed run");
             }
         }
-    }
-    if killed.is_none() {
-        ok = false;
-        println!("no worker was killed mid-run (the runs finished too fast to catch one)");
-    }
-    println!();
-    println!(
-        "demo {} in {:.1}s",
-        if ok {
-            "passed: every key ran exactly once, nothing lost"
-        } else {
-            "FAILED"
-        },
-        started.elapsed().as_secs_f64()
-    );
-    if let Some((addr, pgpass)) = console {
-        let reach = Reach {
-            url: &url,
-            config: &cfg_path,
-            home,
-            pgpass: pgpass.as_deref(),
-        };
-        serve_console(&pool, &demo_cfg, addr, &reach).await?;
     }
     Ok(ok)
 }

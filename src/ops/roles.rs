@@ -192,335 +192,520 @@ pub fn sql(prefix: &str, schema: &str, opts: &RolesOptions) -> Result<String, St
             return Err(format!("invalid output table name {t:?}"));
         }
     }
-    let name = |part: &str| format!("{prefix}_{part}");
-    let (m, p, w, o, r, g, c) = (
-        ident(&name("migrator")),
-        ident(&name("producer")),
-        ident(&name("worker")),
-        ident(&name("operator")),
-        ident(&name("readonly")),
-        ident(&name("program")),
-        ident(&name("console")),
-    );
-    let (guard, term) = (ident(&name("guard")), ident(&name("terminator")));
-    let s = ident(schema);
+    let names = Names::new(prefix, schema);
     let mut out = String::new();
-    out.push_str(&format!(
-        "-- Least-privilege roles for batchonce (prefix {prefix}, schema {schema}).\n\
-         -- Group roles: grant them to login roles, for example\n\
-         --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n\
-         -- {guard} (owns the audit table) and {term} (ends a session that blocks a run)\n\
-         -- are held by no login.\n"
-    ));
-    for part in LOGIN_PARTS.iter().chain(&HELD_BY_NOBODY) {
-        let role = name(part);
-        out.push_str(&format!(
-            "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN\n    CREATE ROLE {} NOLOGIN;\n  END IF;\nEND $$;\n",
-            ident(&role)
-        ));
+    names.create_roles(&mut out);
+    names.schema_privileges(&mut out);
+    names.grants(&mut out, opts);
+    names.default_privileges(&mut out);
+    Ok(out)
+}
+
+/// The names the roles' SQL splices in: the prefix and schema as given, and
+/// every role and the schema quoted as identifiers.
+struct Names<'a> {
+    prefix: &'a str,
+    schema: &'a str,
+    /// The schema, quoted.
+    s: String,
+    /// The roles, quoted: migrator, producer, worker, operator, readonly,
+    /// program, console, guard and terminator.
+    m: String,
+    p: String,
+    w: String,
+    o: String,
+    r: String,
+    g: String,
+    c: String,
+    guard: String,
+    term: String,
+}
+
+/// A statement of the grants block: a `--` comment is written as it is,
+/// anything else inside `EXECUTE '…'`.
+fn emit(out: &mut String, stmt: &str) {
+    if stmt.starts_with("--") {
+        out.push_str(&format!("    {stmt}\n"));
+    } else {
+        out.push_str(&format!("    EXECUTE '{}';\n", stmt.replace('\'', "''")));
     }
-    out.push_str(&format!(
-        "ALTER ROLE {guard} NOLOGIN;\nALTER ROLE {term} NOLOGIN;\n\
-         \n-- Everyone uses the schema; only the migrator changes it. No other role may\n\
-         -- CREATE in it (PostgreSQL 14 and older let PUBLIC create in `public`): a\n\
-         -- function or operator planted there that matches a call better than\n\
-         -- pg_catalog's would run as the migrator inside its SECURITY DEFINER functions.\n\
-         GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g}, {c}, {guard}, {term};\n\
-         REVOKE CREATE ON SCHEMA {s} FROM PUBLIC;\n\
-         DO $create$\nDECLARE\n  x record;\nBEGIN\n\
-         \x20 FOR x IN SELECT a.grantee::regrole AS grantee\n\
-         \x20           FROM pg_namespace n, aclexplode(n.nspacl) a\n\
-         \x20           WHERE n.nspname = '{schema}' AND a.privilege_type = 'CREATE'\n\
-         \x20             AND a.grantee <> 0 AND a.grantee <> n.nspowner\n\
-         \x20             AND a.grantee <> '{migrator}'::regrole\n\
-         \x20 LOOP\n\
-         \x20   EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM %s', '{schema}', x.grantee);\n\
-         \x20 END LOOP;\n\
-         END $create$;\n\
-         GRANT CREATE ON SCHEMA {s} TO {m};\n",
-        migrator = name("migrator"),
-    ));
-    let table = |t: &str| format!("{s}.{}", ident(t));
-    let functions = |list: &[&str]| {
+}
+
+impl<'a> Names<'a> {
+    /// The names for `prefix` and `schema`, both already checked.
+    fn new(prefix: &'a str, schema: &'a str) -> Self {
+        let name = |part: &str| format!("{prefix}_{part}");
+        Names {
+            prefix,
+            schema,
+            s: ident(schema),
+            m: ident(&name("migrator")),
+            p: ident(&name("producer")),
+            w: ident(&name("worker")),
+            o: ident(&name("operator")),
+            r: ident(&name("readonly")),
+            g: ident(&name("program")),
+            c: ident(&name("console")),
+            guard: ident(&name("guard")),
+            term: ident(&name("terminator")),
+        }
+    }
+
+    /// A role's name, unquoted: `<prefix>_<part>`.
+    fn name(&self, part: &str) -> String {
+        format!("{}_{part}", self.prefix)
+    }
+
+    /// A table of the schema, quoted.
+    fn table(&self, t: &str) -> String {
+        format!("{}.{}", self.s, ident(t))
+    }
+
+    /// Functions of the schema, quoted, separated by commas.
+    fn functions(&self, list: &[&str]) -> String {
         list.iter()
-            .map(|f| format!("{s}.{}", ident(f)))
+            .map(|f| format!("{}.{}", self.s, ident(f)))
             .collect::<Vec<_>>()
             .join(", ")
-    };
-    let outputs = output_tables
-        .iter()
-        .map(|t| table(t))
-        .collect::<Vec<_>>()
-        .join(", ");
-    // Grants on existing objects only once they exist: the roles come first
-    // (the migrator must exist to create the tables), the grants after
-    // `migrate`, and default privileges cover what the migrator adds later.
-    let on_tables = vec![
-        "-- Job kinds' tables: workers read them all (sources) and write only the kinds' output tables.".to_owned(),
-        format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {w}"),
-        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {w}"),
-        format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {w}"),
-        format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {p}, {o}, {r}, {c}"),
-        "-- Nobody but the owner deletes; the roles may have had more before.".to_owned(),
-        format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}, {g}, {c}"),
-        format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
-        format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
-        "-- The engine's tables: no role writes a run, an attempt or an audit row itself; the functions below do.".to_owned(),
-    ];
-    // Each engine table only if it exists (a later migration adds some): the
-    // relation's name, then the statement.
-    let mut engine: Vec<(String, String)> = Vec::new();
-    for t in ENGINE_TABLES {
-        engine.push((
-            format!("{schema}.{t}"),
-            format!(
-                "REVOKE ALL ON {} FROM {p}, {w}, {o}, {r}, {g}, {c}, {term}",
-                table(t)
-            ),
+    }
+
+    /// The header, and every role created if it is missing.
+    fn create_roles(&self, out: &mut String) {
+        let Names {
+            prefix,
+            schema,
+            w,
+            guard,
+            term,
+            ..
+        } = self;
+        out.push_str(&format!(
+            "-- Least-privilege roles for batchonce (prefix {prefix}, schema {schema}).\n\
+             -- Group roles: grant them to login roles, for example\n\
+             --   CREATE ROLE settle_worker LOGIN PASSWORD '...' IN ROLE {w};\n\
+             -- {guard} (owns the audit table) and {term} (ends a session that blocks a run)\n\
+             -- are held by no login.\n"
         ));
-        if !ENGINE_ONLY_TABLES.contains(t) {
-            engine.push((
-                format!("{schema}.{t}"),
-                format!("GRANT SELECT ON {} TO {p}, {o}, {r}, {c}", table(t)),
+        for part in LOGIN_PARTS.iter().chain(&HELD_BY_NOBODY) {
+            let role = self.name(part);
+            out.push_str(&format!(
+                "DO $$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN\n    CREATE ROLE {} NOLOGIN;\n  END IF;\nEND $$;\n",
+                ident(&role)
             ));
         }
     }
-    let mut on_tables_after = vec![
-        "-- A lease token is the capability to change a run: every column of runs and attempts (live or archived) but the token.".to_owned(),
-        format!("REVOKE SELECT ON {}, {} FROM {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
-        format!(
-            // Dollar quotes: every statement here runs inside EXECUTE '…'.
-            // The archive tables exist only once their migration has run.
-            "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY[to_regclass($t${s}.batch_job_run$t$), to_regclass($t${s}.batch_job_attempt$t$), \
-             to_regclass($t${s}.batch_job_run_archive$t$), to_regclass($t${s}.batch_job_attempt_archive$t$)] LOOP CONTINUE WHEN t IS NULL; \
-             EXECUTE format($f$REVOKE SELECT ON %s FROM {p}, {o}, {r}, {c}$f$, t); \
-             EXECUTE format($f$GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}$f$, (SELECT string_agg(quote_ident(attname), $j$, $j$) FROM pg_attribute \
-             WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> $n$lease_token$n$), t); END LOOP; END $cols$"
-        ),
-        "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
-        format!("GRANT SELECT ON {} TO {w}", table("_sqlx_migrations")),
-        "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON {}, {} TO {w}, {p}",
-            table("batch_worker"),
-            table("batch_process_config")
-        ),
-        "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
-        format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}, {term}"),
-        format!("GRANT EXECUTE ON FUNCTION {} TO {w}", functions(&lasting(WORKER_FUNCTIONS))),
-        format!("GRANT EXECUTE ON FUNCTION {} TO {p}", functions(&lasting(PRODUCER_FUNCTIONS))),
-        format!("GRANT EXECUTE ON FUNCTION {} TO {o}", functions(&lasting(OPERATOR_FUNCTIONS))),
-        format!("GRANT EXECUTE ON FUNCTION {} TO {g}", functions(&lasting(PROGRAM_FUNCTIONS))),
-        format!("GRANT EXECUTE ON FUNCTION {} TO {c}", functions(&lasting(CONSOLE_FUNCTIONS))),
-    ];
-    if !output_tables.is_empty() {
-        on_tables_after
-            .push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
-        on_tables_after.push(format!("GRANT INSERT, UPDATE ON {outputs} TO {w}"));
-    }
-    if opts.keep_direct_writes {
-        on_tables_after.extend([
-            "-- --keep-direct-writes: what the previous release's processes write directly, until the rolling upgrade is done.".to_owned(),
-            format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {w}"),
-            format!("REVOKE INSERT, UPDATE ON {} FROM {w}", table(AUDIT_TABLE)),
-            format!("GRANT INSERT ON {} TO {p}", table("batch_job_run")),
-            format!("GRANT UPDATE ON {}, {} TO {w}, {o}", table("batch_job_run"), table("batch_job_attempt")),
-            format!("GRANT SELECT ON {}, {} TO {p}, {o}, {r}, {c}", table("batch_job_run"), table("batch_job_attempt")),
-            format!("GRANT INSERT ON {} TO {o}", table(AUDIT_TABLE)),
-            format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {p}, {o}"),
-        ]);
-    }
-    out.push_str(&format!(
-        "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
-         GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
-         -- Only {term} may end another session, through the audited\n\
-         -- batchonce_operator_terminate it owns (which checks the sessions it ends\n\
-         -- in pg_stat_activity).\n\
-         GRANT pg_signal_backend, pg_read_all_stats TO {term};\n\
-         \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
-         DO $grants$\nDECLARE\n  f regprocedure;\n  terminate_exists boolean := false;\n\
-         \x20 superuser boolean := (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);\n\
-         BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n\
-         \x20   -- An administrator that is no superuser acts as guard and terminator for the\n\
-         \x20   -- ownership changes, which PostgreSQL allows only to a new owner that may\n\
-         \x20   -- create in the schema; the membership and that privilege end with this\n\
-         \x20   -- transaction's script (below), so no other session ever sees them.\n\
-         \x20   IF NOT superuser THEN\n\
-         \x20     EXECUTE 'GRANT {guard}, {term} TO ' || quote_ident(current_user);\n\
-         \x20     EXECUTE 'GRANT CREATE ON SCHEMA {s} TO {guard}, {term}';\n\
-         \x20   END IF;\n"
-    ));
-    let emit = |out: &mut String, stmt: &str| {
-        if stmt.starts_with("--") {
-            out.push_str(&format!("    {stmt}\n"));
-        } else {
-            out.push_str(&format!("    EXECUTE '{}';\n", stmt.replace('\'', "''")));
-        }
-    };
-    for stmt in &on_tables {
-        emit(&mut out, stmt);
-    }
-    for (rel, sql) in &engine {
+
+    /// Who uses the schema, and that only the migrator creates in it.
+    fn schema_privileges(&self, out: &mut String) {
+        let Names {
+            schema,
+            s,
+            m,
+            p,
+            w,
+            o,
+            r,
+            g,
+            c,
+            guard,
+            term,
+            ..
+        } = self;
         out.push_str(&format!(
-            "    IF to_regclass('{rel}') IS NOT NULL THEN EXECUTE '{}'; END IF;\n",
-            sql.replace('\'', "''")
+            "ALTER ROLE {guard} NOLOGIN;\nALTER ROLE {term} NOLOGIN;\n\
+             \n-- Everyone uses the schema; only the migrator changes it. No other role may\n\
+             -- CREATE in it (PostgreSQL 14 and older let PUBLIC create in `public`): a\n\
+             -- function or operator planted there that matches a call better than\n\
+             -- pg_catalog's would run as the migrator inside its SECURITY DEFINER functions.\n\
+             GRANT USAGE ON SCHEMA {s} TO {m}, {p}, {w}, {o}, {r}, {g}, {c}, {guard}, {term};\n\
+             REVOKE CREATE ON SCHEMA {s} FROM PUBLIC;\n\
+             DO $create$\nDECLARE\n  x record;\nBEGIN\n\
+             \x20 FOR x IN SELECT a.grantee::regrole AS grantee\n\
+             \x20           FROM pg_namespace n, aclexplode(n.nspacl) a\n\
+             \x20           WHERE n.nspname = '{schema}' AND a.privilege_type = 'CREATE'\n\
+             \x20             AND a.grantee <> 0 AND a.grantee <> n.nspowner\n\
+             \x20             AND a.grantee <> '{migrator}'::regrole\n\
+             \x20 LOOP\n\
+             \x20   EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM %s', '{schema}', x.grantee);\n\
+             \x20 END LOOP;\n\
+             END $create$;\n\
+             GRANT CREATE ON SCHEMA {s} TO {m};\n",
+            migrator = self.name("migrator"),
         ));
     }
-    for stmt in &on_tables_after {
-        emit(&mut out, stmt);
+
+    /// On the tables that exist before the engine's: every job kind's
+    /// tables are read by the workers, and written by nobody but the owner.
+    fn on_tables(&self) -> Vec<String> {
+        let Names {
+            s,
+            p,
+            w,
+            o,
+            r,
+            g,
+            c,
+            ..
+        } = self;
+        // Grants on existing objects only once they exist: the roles come first
+        // (the migrator must exist to create the tables), the grants after
+        // `migrate`, and default privileges cover what the migrator adds later.
+        vec![
+            "-- Job kinds' tables: workers read them all (sources) and write only the kinds' output tables.".to_owned(),
+            format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {w}"),
+            format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {w}"),
+            format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {w}"),
+            format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {p}, {o}, {r}, {c}"),
+            "-- Nobody but the owner deletes; the roles may have had more before.".to_owned(),
+            format!("REVOKE DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {w}, {o}, {r}, {g}, {c}"),
+            format!("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
+            format!("REVOKE USAGE ON ALL SEQUENCES IN SCHEMA {s} FROM {p}, {o}, {r}, {g}, {c}"),
+            "-- The engine's tables: no role writes a run, an attempt or an audit row itself; the functions below do.".to_owned(),
+        ]
     }
-    emit(
-        &mut out,
-        "-- The audit trail's past is out of the migrator's reach: guard owns the table and its",
-    );
-    emit(&mut out, "-- triggers' functions, so the migrator can neither alter, disable, truncate nor drop them,");
-    emit(
-        &mut out,
-        "-- nor replace the stamp; their names resolve in pg_catalog only. The migrator's operator",
-    );
-    emit(&mut out, "-- functions insert (and read back) audit rows; the foreign key's owner must reference runs.");
-    emit(
-        &mut out,
-        &format!("ALTER TABLE {} OWNER TO {guard}", table(AUDIT_TABLE)),
-    );
-    for f in AUDIT_FUNCTIONS {
+
+    /// On each engine table, only if it exists (a later migration adds
+    /// some): the relation's name, then the statement.
+    fn on_engine_tables(&self) -> Vec<(String, String)> {
+        let Names {
+            schema,
+            p,
+            w,
+            o,
+            r,
+            g,
+            c,
+            term,
+            ..
+        } = self;
+        let mut engine: Vec<(String, String)> = Vec::new();
+        for t in ENGINE_TABLES {
+            engine.push((
+                format!("{schema}.{t}"),
+                format!(
+                    "REVOKE ALL ON {} FROM {p}, {w}, {o}, {r}, {g}, {c}, {term}",
+                    self.table(t)
+                ),
+            ));
+            if !ENGINE_ONLY_TABLES.contains(t) {
+                engine.push((
+                    format!("{schema}.{t}"),
+                    format!("GRANT SELECT ON {} TO {p}, {o}, {r}, {c}", self.table(t)),
+                ));
+            }
+        }
+        engine
+    }
+
+    /// After the engine's tables: the columns readable, the registry rows,
+    /// each role's functions, the output tables and, with
+    /// `keep_direct_writes`, the previous release's direct writes.
+    fn on_tables_after(&self, opts: &RolesOptions) -> Vec<String> {
+        let output_tables = opts.output_tables;
+        let Names {
+            s,
+            p,
+            w,
+            o,
+            r,
+            g,
+            c,
+            term,
+            ..
+        } = self;
+        let outputs = output_tables
+            .iter()
+            .map(|t| self.table(t))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut on_tables_after = vec![
+            "-- A lease token is the capability to change a run: every column of runs and attempts (live or archived) but the token.".to_owned(),
+            format!("REVOKE SELECT ON {}, {} FROM {p}, {o}, {r}, {c}", self.table("batch_job_run"), self.table("batch_job_attempt")),
+            format!(
+                // Dollar quotes: every statement here runs inside EXECUTE '…'.
+                // The archive tables exist only once their migration has run.
+                "DO $cols$ DECLARE t regclass; BEGIN FOREACH t IN ARRAY ARRAY[to_regclass($t${s}.batch_job_run$t$), to_regclass($t${s}.batch_job_attempt$t$), \
+                 to_regclass($t${s}.batch_job_run_archive$t$), to_regclass($t${s}.batch_job_attempt_archive$t$)] LOOP CONTINUE WHEN t IS NULL; \
+                 EXECUTE format($f$REVOKE SELECT ON %s FROM {p}, {o}, {r}, {c}$f$, t); \
+                 EXECUTE format($f$GRANT SELECT (%s) ON %s TO {p}, {o}, {r}, {c}$f$, (SELECT string_agg(quote_ident(attname), $j$, $j$) FROM pg_attribute \
+                 WHERE attrelid = t AND attnum <> 0 AND NOT attisdropped AND attname <> $n$lease_token$n$), t); END LOOP; END $cols$"
+            ),
+            "-- A worker reads only which migrations ran (not runs or their tokens).".to_owned(),
+            format!("GRANT SELECT ON {} TO {w}", self.table("_sqlx_migrations")),
+            "-- A worker's or producer's own registry row and recorded configuration, removed when it stops.".to_owned(),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON {}, {} TO {w}, {p}",
+                self.table("batch_worker"),
+                self.table("batch_process_config")
+            ),
+            "-- Each role calls its own state-change functions, and nothing else of the engine's.".to_owned(),
+            format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} FROM PUBLIC, {p}, {w}, {o}, {r}, {g}, {c}, {term}"),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {w}", self.functions(&lasting(WORKER_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {p}", self.functions(&lasting(PRODUCER_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {o}", self.functions(&lasting(OPERATOR_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {g}", self.functions(&lasting(PROGRAM_FUNCTIONS))),
+            format!("GRANT EXECUTE ON FUNCTION {} TO {c}", self.functions(&lasting(CONSOLE_FUNCTIONS))),
+        ];
+        if !output_tables.is_empty() {
+            on_tables_after
+                .push("-- The registered kinds' output tables (Job::output_tables).".to_owned());
+            on_tables_after.push(format!("GRANT INSERT, UPDATE ON {outputs} TO {w}"));
+        }
+        if opts.keep_direct_writes {
+            on_tables_after.extend([
+                "-- --keep-direct-writes: what the previous release's processes write directly, until the rolling upgrade is done.".to_owned(),
+                format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {w}"),
+                format!("REVOKE INSERT, UPDATE ON {} FROM {w}", self.table(AUDIT_TABLE)),
+                format!("GRANT INSERT ON {} TO {p}", self.table("batch_job_run")),
+                format!("GRANT UPDATE ON {}, {} TO {w}, {o}", self.table("batch_job_run"), self.table("batch_job_attempt")),
+                format!("GRANT SELECT ON {}, {} TO {p}, {o}, {r}, {c}", self.table("batch_job_run"), self.table("batch_job_attempt")),
+                format!("GRANT INSERT ON {} TO {o}", self.table(AUDIT_TABLE)),
+                format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {p}, {o}"),
+            ]);
+        }
+        on_tables_after
+    }
+
+    /// The block that grants on the tables and functions once `migrate` has
+    /// created them, and the grants that need no table.
+    fn grants(&self, out: &mut String, opts: &RolesOptions) {
+        let Names {
+            schema,
+            s,
+            o,
+            r,
+            c,
+            guard,
+            term,
+            ..
+        } = self;
+        out.push_str(&format!(
+            "\n-- `runs stale` reads other roles' sessions (pg_stat_activity).\n\
+             GRANT pg_read_all_stats TO {o}, {r}, {c};\n\
+             -- Only {term} may end another session, through the audited\n\
+             -- batchonce_operator_terminate it owns (which checks the sessions it ends\n\
+             -- in pg_stat_activity).\n\
+             GRANT pg_signal_backend, pg_read_all_stats TO {term};\n\
+             \n-- On the tables and functions, once `batchonce migrate` has created them.\n\
+             DO $grants$\nDECLARE\n  f regprocedure;\n  terminate_exists boolean := false;\n\
+             \x20 superuser boolean := (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);\n\
+             BEGIN\n  IF to_regproc('{schema}.batchonce_claim3') IS NOT NULL THEN\n\
+             \x20   -- An administrator that is no superuser acts as guard and terminator for the\n\
+             \x20   -- ownership changes, which PostgreSQL allows only to a new owner that may\n\
+             \x20   -- create in the schema; the membership and that privilege end with this\n\
+             \x20   -- transaction's script (below), so no other session ever sees them.\n\
+             \x20   IF NOT superuser THEN\n\
+             \x20     EXECUTE 'GRANT {guard}, {term} TO ' || quote_ident(current_user);\n\
+             \x20     EXECUTE 'GRANT CREATE ON SCHEMA {s} TO {guard}, {term}';\n\
+             \x20   END IF;\n"
+        ));
+        for stmt in &self.on_tables() {
+            emit(out, stmt);
+        }
+        for (rel, sql) in &self.on_engine_tables() {
+            out.push_str(&format!(
+                "    IF to_regclass('{rel}') IS NOT NULL THEN EXECUTE '{}'; END IF;\n",
+                sql.replace('\'', "''")
+            ));
+        }
+        for stmt in &self.on_tables_after(opts) {
+            emit(out, stmt);
+        }
+        self.audit_ownership(out);
+        self.function_grants(out);
+    }
+
+    /// Inside the grants block: the audit trail owned by guard, out of the
+    /// migrator's reach.
+    fn audit_ownership(&self, out: &mut String) {
+        let Names { s, m, guard, .. } = self;
         emit(
-            &mut out,
-            &format!("ALTER FUNCTION {s}.{f} SET search_path = pg_catalog, pg_temp"),
+            out,
+            "-- The audit trail's past is out of the migrator's reach: guard owns the table and its",
+        );
+        emit(out, "-- triggers' functions, so the migrator can neither alter, disable, truncate nor drop them,");
+        emit(
+            out,
+            "-- nor replace the stamp; their names resolve in pg_catalog only. The migrator's operator",
+        );
+        emit(out, "-- functions insert (and read back) audit rows; the foreign key's owner must reference runs.");
+        emit(
+            out,
+            &format!("ALTER TABLE {} OWNER TO {guard}", self.table(AUDIT_TABLE)),
+        );
+        for f in AUDIT_FUNCTIONS {
+            emit(
+                out,
+                &format!("ALTER FUNCTION {s}.{f} SET search_path = pg_catalog, pg_temp"),
+            );
+        }
+        out.push_str(&format!(
+            "    -- Every function a trigger of the audit table calls (none runs as its owner).\n\
+             \x20   FOR f IN SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t\n\
+             \x20            JOIN pg_proc p ON p.oid = t.tgfoid\n\
+             \x20            WHERE t.tgrelid = '{audit}'::regclass AND NOT t.tgisinternal AND NOT p.prosecdef\n\
+             \x20   LOOP\n\
+             \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{guard}');\n\
+             \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
+             \x20   END LOOP;\n",
+            audit = self.table(AUDIT_TABLE),
+        ));
+        emit(
+            out,
+            &format!("REVOKE ALL ON {} FROM {m}", self.table(AUDIT_TABLE)),
+        );
+        emit(
+            out,
+            &format!("GRANT SELECT, INSERT ON {} TO {m}", self.table(AUDIT_TABLE)),
+        );
+        emit(
+            out,
+            &format!(
+                "GRANT REFERENCES (job_key) ON {} TO {guard}",
+                self.table("batch_job_run")
+            ),
+        );
+        emit(
+            out,
+            "-- The audited end of a session: terminator owns it and reads what it checks;",
+        );
+        emit(
+            out,
+            "-- the operator and console call it, and hold pg_signal_backend themselves only",
+        );
+        emit(
+            out,
+            "-- while it does not exist (a schema of an earlier release).",
         );
     }
-    out.push_str(&format!(
-        "    -- Every function a trigger of the audit table calls (none runs as its owner).\n\
-         \x20   FOR f IN SELECT DISTINCT t.tgfoid::regprocedure FROM pg_trigger t\n\
-         \x20            JOIN pg_proc p ON p.oid = t.tgfoid\n\
-         \x20            WHERE t.tgrelid = '{audit}'::regclass AND NOT t.tgisinternal AND NOT p.prosecdef\n\
-         \x20   LOOP\n\
-         \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{guard}');\n\
-         \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
-         \x20   END LOOP;\n",
-        audit = table(AUDIT_TABLE),
-    ));
-    emit(
-        &mut out,
-        &format!("REVOKE ALL ON {} FROM {m}", table(AUDIT_TABLE)),
-    );
-    emit(
-        &mut out,
-        &format!("GRANT SELECT, INSERT ON {} TO {m}", table(AUDIT_TABLE)),
-    );
-    emit(
-        &mut out,
-        &format!(
-            "GRANT REFERENCES (job_key) ON {} TO {guard}",
-            table("batch_job_run")
-        ),
-    );
-    emit(
-        &mut out,
-        "-- The audited end of a session: terminator owns it and reads what it checks;",
-    );
-    emit(
-        &mut out,
-        "-- the operator and console call it, and hold pg_signal_backend themselves only",
-    );
-    emit(
-        &mut out,
-        "-- while it does not exist (a schema of an earlier release).",
-    );
-    out.push_str(&format!(
-        "    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
-         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{TERMINATE_FUNCTION}'\n\
-         \x20   LOOP\n\
-         \x20     terminate_exists := true;\n\
-         \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{term}');\n\
-         \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
-         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
-         \x20   END LOOP;\n\
-         \x20   -- The audit row that names the sessions to end; pause and resume.\n\
-         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
-         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional}])\n\
-         \x20   LOOP\n\
-         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
-         \x20   END LOOP;\n\
-         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
-         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional_worker}])\n\
-         \x20   LOOP\n\
-         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{w}');\n\
-         \x20   END LOOP;\n\
-{contracted}\
-         \x20   -- The archive, for the operator alone.\n\
-         \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
-         \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{ARCHIVE_FUNCTION}'\n\
-         \x20   LOOP\n\
-         \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{o}');\n\
-         \x20   END LOOP;\n\
-         \x20   IF terminate_exists THEN\n",
-        optional = quoted(OPTIONAL_OPERATOR_FUNCTIONS),
-        optional_worker = quoted(OPTIONAL_WORKER_FUNCTIONS),
-        contracted = contracted_grants(
-            &s,
-            &[
-                (WORKER_FUNCTIONS, w.as_str()),
-                (PRODUCER_FUNCTIONS, p.as_str()),
-                (OPERATOR_FUNCTIONS, o.as_str()),
-                (PROGRAM_FUNCTIONS, g.as_str()),
-                (CONSOLE_FUNCTIONS, c.as_str()),
-            ]
-        ),
-    ));
-    for t in TERMINATOR_READS {
+
+    /// Inside the grants block: the optional functions (terminate, pause
+    /// and resume, the archive) and what the terminator reads; it closes
+    /// the block.
+    fn function_grants(&self, out: &mut String) {
+        let Names {
+            schema,
+            s,
+            p,
+            w,
+            o,
+            g,
+            c,
+            guard,
+            term,
+            ..
+        } = self;
         out.push_str(&format!(
-            "      IF to_regclass('{schema}.{t}') IS NOT NULL THEN EXECUTE 'GRANT SELECT ON {} TO {term}'; END IF;\n",
-            table(t)
+            "    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+             \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{TERMINATE_FUNCTION}'\n\
+             \x20   LOOP\n\
+             \x20     terminate_exists := true;\n\
+             \x20     EXECUTE format('ALTER FUNCTION %s OWNER TO %s', f, '{term}');\n\
+             \x20     EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);\n\
+             \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
+             \x20   END LOOP;\n\
+             \x20   -- The audit row that names the sessions to end; pause and resume.\n\
+             \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+             \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional}])\n\
+             \x20   LOOP\n\
+             \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s, %s', f, '{o}', '{c}');\n\
+             \x20   END LOOP;\n\
+             \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+             \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = ANY(ARRAY[{optional_worker}])\n\
+             \x20   LOOP\n\
+             \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{w}');\n\
+             \x20   END LOOP;\n\
+{contracted}\
+             \x20   -- The archive, for the operator alone.\n\
+             \x20   FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n\
+             \x20            WHERE p.pronamespace = '{s}'::regnamespace AND p.proname = '{ARCHIVE_FUNCTION}'\n\
+             \x20   LOOP\n\
+             \x20     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, '{o}');\n\
+             \x20   END LOOP;\n\
+             \x20   IF terminate_exists THEN\n",
+            optional = quoted(OPTIONAL_OPERATOR_FUNCTIONS),
+            optional_worker = quoted(OPTIONAL_WORKER_FUNCTIONS),
+            contracted = contracted_grants(
+                s,
+                &[
+                    (WORKER_FUNCTIONS, w.as_str()),
+                    (PRODUCER_FUNCTIONS, p.as_str()),
+                    (OPERATOR_FUNCTIONS, o.as_str()),
+                    (PROGRAM_FUNCTIONS, g.as_str()),
+                    (CONSOLE_FUNCTIONS, c.as_str()),
+                ]
+            ),
+        ));
+        for t in TERMINATOR_READS {
+            out.push_str(&format!(
+                "      IF to_regclass('{schema}.{t}') IS NOT NULL THEN EXECUTE 'GRANT SELECT ON {} TO {term}'; END IF;\n",
+                self.table(t)
+            ));
+        }
+        out.push_str(&format!(
+            "      EXECUTE 'GRANT SELECT, INSERT ON {audit} TO {term}';\n\
+             \x20     IF to_regprocedure('{schema}.batchonce_now(timestamptz)') IS NOT NULL THEN\n\
+             \x20       EXECUTE 'GRANT EXECUTE ON FUNCTION {s}.batchonce_now(timestamptz) TO {term}';\n\
+             \x20     END IF;\n\
+             \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
+             \x20                AND member = '{op}'::regrole) THEN\n\
+             \x20       EXECUTE 'REVOKE pg_signal_backend FROM {o}';\n\
+             \x20     END IF;\n\
+             \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
+             \x20                AND member = '{con}'::regrole) THEN\n\
+             \x20       EXECUTE 'REVOKE pg_signal_backend FROM {c}';\n\
+             \x20     END IF;\n\
+             \x20   END IF;\n\
+             \x20 END IF;\n\
+             \x20 IF NOT terminate_exists THEN\n\
+             \x20   EXECUTE 'GRANT pg_signal_backend TO {o}, {c}';\n\
+             \x20 END IF;\n\
+             \x20 IF NOT superuser THEN\n\
+             \x20   EXECUTE 'REVOKE CREATE ON SCHEMA {s} FROM {guard}, {term}';\n\
+             \x20 END IF;\n\
+             END $grants$;\n",
+            audit = self.table(AUDIT_TABLE),
+            op = self.name("operator"),
+            con = self.name("console"),
         ));
     }
-    out.push_str(&format!(
-        "      EXECUTE 'GRANT SELECT, INSERT ON {audit} TO {term}';\n\
-         \x20     IF to_regprocedure('{schema}.batchonce_now(timestamptz)') IS NOT NULL THEN\n\
-         \x20       EXECUTE 'GRANT EXECUTE ON FUNCTION {s}.batchonce_now(timestamptz) TO {term}';\n\
-         \x20     END IF;\n\
-         \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
-         \x20                AND member = '{op}'::regrole) THEN\n\
-         \x20       EXECUTE 'REVOKE pg_signal_backend FROM {o}';\n\
-         \x20     END IF;\n\
-         \x20     IF EXISTS (SELECT 1 FROM pg_auth_members WHERE roleid = 'pg_signal_backend'::regrole\n\
-         \x20                AND member = '{con}'::regrole) THEN\n\
-         \x20       EXECUTE 'REVOKE pg_signal_backend FROM {c}';\n\
-         \x20     END IF;\n\
-         \x20   END IF;\n\
-         \x20 END IF;\n\
-         \x20 IF NOT terminate_exists THEN\n\
-         \x20   EXECUTE 'GRANT pg_signal_backend TO {o}, {c}';\n\
-         \x20 END IF;\n\
-         \x20 IF NOT superuser THEN\n\
-         \x20   EXECUTE 'REVOKE CREATE ON SCHEMA {s} FROM {guard}, {term}';\n\
-         \x20 END IF;\n\
-         END $grants$;\n",
-        audit = table(AUDIT_TABLE),
-        op = name("operator"),
-        con = name("console"),
-    ));
-    out.push_str(&format!(
-        "\n-- Tables the migrator creates later can be read; writing a new output table,\n\
-         -- like calling a new function, waits until `batchonce roles` runs again.\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w};\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r}, {c};\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w};\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;\n\
-         ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n\
-         \n-- No login holds {guard} or {term}, and neither does the migrator.\n\
-         DO $nobody$\nDECLARE\n  x record;\nBEGIN\n\
-         \x20 FOR x IN SELECT a.roleid::regrole AS role, a.member::regrole AS member\n\
-         \x20           FROM pg_auth_members a\n\
-         \x20           WHERE a.roleid IN ('{gname}'::regrole, '{tname}'::regrole)\n\
-         \x20 LOOP\n\
-         \x20   EXECUTE format('REVOKE %s FROM %s', x.role, x.member);\n\
-         \x20 END LOOP;\n\
-         END $nobody$;\n",
-        gname = name("guard"),
-        tname = name("terminator"),
-    ));
-    Ok(out)
+
+    /// Default privileges on what the migrator creates later, and no login
+    /// holding guard or terminator.
+    fn default_privileges(&self, out: &mut String) {
+        let Names {
+            s,
+            m,
+            p,
+            w,
+            o,
+            r,
+            c,
+            guard,
+            term,
+            ..
+        } = self;
+        out.push_str(&format!(
+            "\n-- Tables the migrator creates later can be read; writing a new output table,\n\
+             -- like calling a new function, waits until `batchonce roles` runs again.\n\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w};\n\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT SELECT ON TABLES TO {p}, {o}, {r}, {c};\n\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {w};\n\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;\n\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {m} IN SCHEMA {s} REVOKE EXECUTE ON FUNCTIONS FROM {w};\n\
+             \n-- No login holds {guard} or {term}, and neither does the migrator.\n\
+             DO $nobody$\nDECLARE\n  x record;\nBEGIN\n\
+             \x20 FOR x IN SELECT a.roleid::regrole AS role, a.member::regrole AS member\n\
+             \x20           FROM pg_auth_members a\n\
+             \x20           WHERE a.roleid IN ('{gname}'::regrole, '{tname}'::regrole)\n\
+             \x20 LOOP\n\
+             \x20   EXECUTE format('REVOKE %s FROM %s', x.role, x.member);\n\
+             \x20 END LOOP;\n\
+             END $nobody$;\n",
+            gname = self.name("guard"),
+            tname = self.name("terminator"),
+        ));
+    }
 }
 
 /// Why [`apply`] failed.

@@ -542,7 +542,20 @@ pub async fn gauges(
     clock: Clock,
 ) -> Result<Vec<(JobName, JobGauges)>, QueueError> {
     let also: Vec<&str> = also.iter().map(JobName::as_str).collect();
-    let sql = format!(
+    let sql = gauges_sql();
+    let mut stmt = crate::db::statement(pool).await?;
+    let rows = bind_live(crate::db::query(&sql), clock)
+        .bind(&also)
+        .fetch_all(stmt.conn())
+        .await?;
+    stmt.done().await?;
+    rows.iter().map(job_gauges).collect()
+}
+
+/// The statement of [`gauges`]: one row per job, `$4` the jobs to include
+/// even without runs.
+fn gauges_sql() -> String {
+    format!(
         r#"
         WITH RECURSIVE {LIVE}, {COUNTS}, {OPEN_SCOPED},
         -- The distinct job names of batch_job_run, one index probe each
@@ -654,48 +667,42 @@ pub async fn gauges(
             WHERE r.job_name = f.job_name AND r.scope IS NOT NULL) sp ON true
         ORDER BY f.job_name
         "#
-    );
-    let mut stmt = crate::db::statement(pool).await?;
-    let rows = bind_live(crate::db::query(&sql), clock)
-        .bind(&also)
-        .fetch_all(stmt.conn())
-        .await?;
-    stmt.done().await?;
-    rows.iter()
-        .map(|r| {
-            let name: String = r.try_get("job_name")?;
-            let per_status = |col: &str| -> Result<Vec<(RunStatus, i64)>, QueueError> {
-                let v: serde_json::Value = r.try_get(col)?;
-                Ok(RunStatus::ALL
-                    .iter()
-                    .map(|st| {
-                        let n = v.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
-                        (*st, n)
-                    })
-                    .collect())
-            };
-            let runs = per_status("runs")?;
-            let partitions = per_status("partitions")?;
-            let scopes = per_status("scopes")?;
-            Ok((
-                JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
-                JobGauges {
-                    runs,
-                    partitions,
-                    oldest_pending_seconds: r.try_get("oldest")?,
-                    stale: r.try_get("stale")?,
-                    last_success_unix: r.try_get("last_success")?,
-                    newest_failure_unix: r.try_get("newest_failure")?,
-                    last_done_period_start_unix: r.try_get("last_done")?,
-                    current_attempts: r.try_get("attempts")?,
-                    expired_leases: r.try_get("expired")?,
-                    scopes,
-                    scope_period_start_unix: r.try_get("scope_period")?,
-                    paused_seconds: r.try_get("paused")?,
-                },
-            ))
-        })
-        .collect()
+    )
+}
+
+/// One job's gauges from a row of [`gauges_sql`].
+fn job_gauges(r: &sqlx::postgres::PgRow) -> Result<(JobName, JobGauges), QueueError> {
+    let name: String = r.try_get("job_name")?;
+    let per_status = |col: &str| -> Result<Vec<(RunStatus, i64)>, QueueError> {
+        let v: serde_json::Value = r.try_get(col)?;
+        Ok(RunStatus::ALL
+            .iter()
+            .map(|st| {
+                let n = v.get(st.as_str()).and_then(|v| v.as_i64()).unwrap_or(0);
+                (*st, n)
+            })
+            .collect())
+    };
+    let runs = per_status("runs")?;
+    let partitions = per_status("partitions")?;
+    let scopes = per_status("scopes")?;
+    Ok((
+        JobName::parse(&name).map_err(|e| QueueError::Invalid(e.to_string()))?,
+        JobGauges {
+            runs,
+            partitions,
+            oldest_pending_seconds: r.try_get("oldest")?,
+            stale: r.try_get("stale")?,
+            last_success_unix: r.try_get("last_success")?,
+            newest_failure_unix: r.try_get("newest_failure")?,
+            last_done_period_start_unix: r.try_get("last_done")?,
+            current_attempts: r.try_get("attempts")?,
+            expired_leases: r.try_get("expired")?,
+            scopes,
+            scope_period_start_unix: r.try_get("scope_period")?,
+            paused_seconds: r.try_get("paused")?,
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -91,162 +91,190 @@ impl Job for DailySettlement {
         // The window the run was enqueued with, never this worker's idea of
         // the job's time zone.
         let (start, end) = (ctx.run.period_start, ctx.run.period_end);
-        // Bad source data fails the run at once: retrying cannot fix it, and
-        // settling a negative amount would move money the wrong way.
-        // A partition reads only its own orders. The whole run's statements
-        // have no partition condition at all: a condition that is always
-        // true for it would still cost a generic plan its row estimate.
-        let mine = if count > 0 {
-            "AND batchonce_partition(order_id::text, $3) = $4"
-        } else {
-            "AND $3::int = 0 AND $4::int = 0"
-        };
         // A scoped run settles one merchant's orders; an unscoped run's
-        // statements have no merchant condition at all (as above).
+        // statements have no merchant condition at all (as for partitions).
         let merchant = merchant_of(ctx)?;
-        let theirs = if merchant.is_some() {
-            "AND merchant_id = $5"
-        } else {
-            ""
-        };
-        let mut stmt = batchonce::db::statement(ctx.pool()).await?;
-        let sql = format!(
-            "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
-             {mine} {theirs} ORDER BY order_id LIMIT 1"
-        );
-        let mut q = batchonce::db::query_scalar(&sql)
-            .bind(start)
-            .bind(end)
-            .bind(count)
-            .bind(no);
-        if let Some(m) = merchant {
-            q = q.bind(m);
-        }
-        let negative: Option<i64> = q.fetch_optional(stmt.conn()).await?;
-        stmt.done().await?;
-        if let Some(id) = negative {
-            return Err(JobError::Fatal(format!(
-                "order {id} has a negative amount; fix the source, then `batchonce runs rerun`"
-            )));
-        }
-        let chunk = i64::from(ctx.run.chunk_size);
-        // Keyset pagination on (paid_at, order_id), the order of
-        // orders_paid_at_idx: each chunk is one range scan of that index,
-        // stopping at the chunk's last row, with no sort, for the whole run
-        // and for a partition (which skips the other partitions' rows).
-        let mut after = (start, i64::MIN);
-        let mut first = true;
-        let mine = if count > 0 {
-            "AND batchonce_partition(order_id::text, $9) = $10"
-        } else {
-            "AND $9::int = 0 AND $10::int = 0"
-        };
-        let theirs = if merchant.is_some() {
-            "AND merchant_id = $11"
-        } else {
-            ""
-        };
-        // Orders of this window that another run already settled (under
-        // another business date): reported, never settled again.
-        let mut elsewhere = 0i64;
-        let mut example: Option<(i64, String)> = None;
-        loop {
-            if !first {
-                ctx.pause(ctx.config.chunk_pause).await?;
-            }
-            first = false;
-            if ctx.is_cancelled() {
-                return Err(JobError::Cancelled);
-            }
-            let mut tx = ctx.fenced().await?;
-            // One round trip per chunk: read the next orders by key, insert
-            // the missing items, and report how far the chunk reached.
-            let sql = format!(
-                r#"
-                WITH chunk AS (
-                    SELECT order_id, merchant_id, amount_minor, paid_at
-                    FROM orders
-                    WHERE paid_at >= $1 AND paid_at < $2 AND (paid_at, order_id) > ($3, $4)
-                      {mine} {theirs}
-                    ORDER BY paid_at, order_id
-                    LIMIT $5
-                ), ins AS (
-                    INSERT INTO settlement_item
-                        (business_date, order_id, merchant_id, amount_minor, job_key, attempt)
-                    SELECT $6, order_id, merchant_id, amount_minor, $7, $8 FROM chunk
-                    ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
-                    RETURNING order_id
-                ), other AS (
-                    -- The statement's snapshot: items that existed before it.
-                    -- One probe of the order key per order (LIMIT keeps the
-                    -- subquery from being flattened into a join): a plan
-                    -- made while settlement_item looked empty would otherwise
-                    -- hash the whole table on every chunk.
-                    SELECT c.order_id, i.job_key FROM chunk c
-                    CROSS JOIN LATERAL (
-                        SELECT s.job_key, s.business_date FROM settlement_item s
-                        WHERE s.order_id = c.order_id LIMIT 1
-                    ) i
-                    WHERE i.business_date <> $6
-                ), last AS (
-                    SELECT paid_at, order_id FROM chunk ORDER BY paid_at DESC, order_id DESC LIMIT 1
-                )
-                SELECT (SELECT paid_at FROM last) AS last_at,
-                       (SELECT order_id FROM last) AS last_id,
-                       (SELECT count(*) FROM chunk) AS scanned,
-                       (SELECT count(*) FROM ins) AS inserted,
-                       (SELECT count(*) FROM other) AS elsewhere,
-                       (SELECT min(order_id) FROM other) AS example_order,
-                       (SELECT min(job_key) FROM other) AS example_key
-                "#
-            );
-            let mut q = batchonce::db::query(&sql)
-                .bind(start)
-                .bind(end)
-                .bind(after.0)
-                .bind(after.1)
-                .bind(chunk)
-                .bind(ctx.business_date)
-                .bind(ctx.key.as_str())
-                .bind(ctx.attempt)
-                .bind(count)
-                .bind(no);
-            if let Some(m) = merchant {
-                q = q.bind(m);
-            }
-            let row = q.fetch_one(tx.conn()).await?;
-            let last_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("last_at")?;
-            let last_id: Option<i64> = row.try_get("last_id")?;
-            let scanned: i64 = row.try_get("scanned")?;
-            let inserted: i64 = row.try_get("inserted")?;
-            let other: i64 = row.try_get("elsewhere")?;
-            if other > 0 {
-                elsewhere += other;
-                if example.is_none() {
-                    let order: Option<i64> = row.try_get("example_order")?;
-                    let key: Option<String> = row.try_get("example_key")?;
-                    example = order.zip(key);
-                }
-            }
-            tx.add_progress(inserted, 0);
-            ctx.commit(tx).await?;
-            match last_at.zip(last_id) {
-                Some(last) if scanned == chunk => after = last,
-                _ => break,
-            }
-        }
-        if elsewhere > 0 {
-            let (order, key) = example.unwrap_or_default();
-            tracing::warn!(
-                job_key = %ctx.key, orders = elsewhere, example_order = order, example_run = %key,
-                "orders of this period were already settled by another run; they were not settled again (did the job's time zone change between periods?)"
-            );
-        }
+        refuse_negative(ctx, (start, end), (count, no), merchant).await?;
+        settle(ctx, (start, end), (count, no), merchant).await?;
         if ctx.step != Step::Whole {
             return Ok(Outcome::Succeeded);
         }
         summarize(ctx).await
     }
+}
+
+/// A period's bounds, `[start, end)`.
+type Window = (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>);
+
+/// Fails the run at once if an order of the window (of this partition,
+/// `(count, no)`, and merchant) has a negative amount.
+async fn refuse_negative(
+    ctx: &JobContext,
+    (start, end): Window,
+    (count, no): (i32, i32),
+    merchant: Option<i64>,
+) -> Result<(), JobError> {
+    // Bad source data fails the run at once: retrying cannot fix it, and
+    // settling a negative amount would move money the wrong way.
+    // A partition reads only its own orders. The whole run's statements
+    // have no partition condition at all: a condition that is always
+    // true for it would still cost a generic plan its row estimate.
+    let mine = if count > 0 {
+        "AND batchonce_partition(order_id::text, $3) = $4"
+    } else {
+        "AND $3::int = 0 AND $4::int = 0"
+    };
+    let theirs = if merchant.is_some() {
+        "AND merchant_id = $5"
+    } else {
+        ""
+    };
+    let mut stmt = batchonce::db::statement(ctx.pool()).await?;
+    let sql = format!(
+        "SELECT order_id FROM orders WHERE paid_at >= $1 AND paid_at < $2 AND amount_minor < 0 \
+         {mine} {theirs} ORDER BY order_id LIMIT 1"
+    );
+    let mut q = batchonce::db::query_scalar(&sql)
+        .bind(start)
+        .bind(end)
+        .bind(count)
+        .bind(no);
+    if let Some(m) = merchant {
+        q = q.bind(m);
+    }
+    let negative: Option<i64> = q.fetch_optional(stmt.conn()).await?;
+    stmt.done().await?;
+    if let Some(id) = negative {
+        return Err(JobError::Fatal(format!(
+            "order {id} has a negative amount; fix the source, then `batchonce runs rerun`"
+        )));
+    }
+    Ok(())
+}
+
+/// Settles the window's orders (of this partition and merchant) chunk by
+/// chunk, each in a fenced transaction, and reports the orders another run
+/// had already settled.
+async fn settle(
+    ctx: &JobContext,
+    (start, end): Window,
+    (count, no): (i32, i32),
+    merchant: Option<i64>,
+) -> Result<(), JobError> {
+    let chunk = i64::from(ctx.run.chunk_size);
+    // Keyset pagination on (paid_at, order_id), the order of
+    // orders_paid_at_idx: each chunk is one range scan of that index,
+    // stopping at the chunk's last row, with no sort, for the whole run
+    // and for a partition (which skips the other partitions' rows).
+    let mut after = (start, i64::MIN);
+    let mut first = true;
+    let mine = if count > 0 {
+        "AND batchonce_partition(order_id::text, $9) = $10"
+    } else {
+        "AND $9::int = 0 AND $10::int = 0"
+    };
+    let theirs = if merchant.is_some() {
+        "AND merchant_id = $11"
+    } else {
+        ""
+    };
+    // Orders of this window that another run already settled (under
+    // another business date): reported, never settled again.
+    let mut elsewhere = 0i64;
+    let mut example: Option<(i64, String)> = None;
+    loop {
+        if !first {
+            ctx.pause(ctx.config.chunk_pause).await?;
+        }
+        first = false;
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let mut tx = ctx.fenced().await?;
+        // One round trip per chunk: read the next orders by key, insert
+        // the missing items, and report how far the chunk reached.
+        let sql = format!(
+            r#"
+            WITH chunk AS (
+                SELECT order_id, merchant_id, amount_minor, paid_at
+                FROM orders
+                WHERE paid_at >= $1 AND paid_at < $2 AND (paid_at, order_id) > ($3, $4)
+                  {mine} {theirs}
+                ORDER BY paid_at, order_id
+                LIMIT $5
+            ), ins AS (
+                INSERT INTO settlement_item
+                    (business_date, order_id, merchant_id, amount_minor, job_key, attempt)
+                SELECT $6, order_id, merchant_id, amount_minor, $7, $8 FROM chunk
+                ON CONFLICT ON CONSTRAINT settlement_item_order_key DO NOTHING
+                RETURNING order_id
+            ), other AS (
+                -- The statement's snapshot: items that existed before it.
+                -- One probe of the order key per order (LIMIT keeps the
+                -- subquery from being flattened into a join): a plan
+                -- made while settlement_item looked empty would otherwise
+                -- hash the whole table on every chunk.
+                SELECT c.order_id, i.job_key FROM chunk c
+                CROSS JOIN LATERAL (
+                    SELECT s.job_key, s.business_date FROM settlement_item s
+                    WHERE s.order_id = c.order_id LIMIT 1
+                ) i
+                WHERE i.business_date <> $6
+            ), last AS (
+                SELECT paid_at, order_id FROM chunk ORDER BY paid_at DESC, order_id DESC LIMIT 1
+            )
+            SELECT (SELECT paid_at FROM last) AS last_at,
+                   (SELECT order_id FROM last) AS last_id,
+                   (SELECT count(*) FROM chunk) AS scanned,
+                   (SELECT count(*) FROM ins) AS inserted,
+                   (SELECT count(*) FROM other) AS elsewhere,
+                   (SELECT min(order_id) FROM other) AS example_order,
+                   (SELECT min(job_key) FROM other) AS example_key
+            "#
+        );
+        let mut q = batchonce::db::query(&sql)
+            .bind(start)
+            .bind(end)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(chunk)
+            .bind(ctx.business_date)
+            .bind(ctx.key.as_str())
+            .bind(ctx.attempt)
+            .bind(count)
+            .bind(no);
+        if let Some(m) = merchant {
+            q = q.bind(m);
+        }
+        let row = q.fetch_one(tx.conn()).await?;
+        let last_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get("last_at")?;
+        let last_id: Option<i64> = row.try_get("last_id")?;
+        let scanned: i64 = row.try_get("scanned")?;
+        let inserted: i64 = row.try_get("inserted")?;
+        let other: i64 = row.try_get("elsewhere")?;
+        if other > 0 {
+            elsewhere += other;
+            if example.is_none() {
+                let order: Option<i64> = row.try_get("example_order")?;
+                let key: Option<String> = row.try_get("example_key")?;
+                example = order.zip(key);
+            }
+        }
+        tx.add_progress(inserted, 0);
+        ctx.commit(tx).await?;
+        match last_at.zip(last_id) {
+            Some(last) if scanned == chunk => after = last,
+            _ => break,
+        }
+    }
+    if elsewhere > 0 {
+        let (order, key) = example.unwrap_or_default();
+        tracing::warn!(
+            job_key = %ctx.key, orders = elsewhere, example_order = order, example_run = %key,
+            "orders of this period were already settled by another run; they were not settled again (did the job's time zone change between periods?)"
+        );
+    }
+    Ok(())
 }
 
 /// The merchant a scoped run settles: the number that ends its scope

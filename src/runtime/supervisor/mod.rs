@@ -125,25 +125,11 @@ enum Event {
     Exited(std::io::Result<ExitStatus>),
 }
 
+/// The supervisor: reads its arguments, waits for the first renewal, starts
+/// the program and kills its group once the worker stops renewing, then
+/// reports how it ended.
 fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
-    // `--as UID:GID:GROUPS`: the identity the program runs as.
-    let (switch, args) = match args.split_first() {
-        Some((flag, rest)) if flag == "--as" => {
-            let (spec, rest) = rest.split_first().ok_or(SupervisorError::Usage)?;
-            let switch = spec
-                .to_str()
-                .and_then(Switch::parse)
-                .ok_or(SupervisorError::Usage)?;
-            (Some(switch), rest)
-        }
-        _ => (None, args.as_slice()),
-    };
-    let (program, program_args) = match args.split_first() {
-        Some((dashes, rest)) if dashes == "--" => {
-            rest.split_first().ok_or(SupervisorError::Usage)?
-        }
-        _ => return Err(SupervisorError::Usage),
-    };
+    let (switch, program, program_args) = parse_args(&args)?;
     let mut socket = control_socket()?;
     // Blocked before any thread starts, so every thread inherits the mask.
     let inherited = SigSet::thread_get_mask()?;
@@ -160,26 +146,8 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
         .name("control".into())
         .spawn(move || read_control(reader, tx))?;
 
-    // Nothing starts without a deadline: wait for the first renewal.
-    let mut env = Vec::new();
-    let first = loop {
-        match rx.recv() {
-            Ok(Event::Control(_, Control::Env(vars))) => env = vars,
-            Ok(Event::Control(at, Control::Renew(d))) => break at + d,
-            Ok(Event::Malformed(line)) => {
-                let message = format!("unreadable control line {}", describe_line(&line));
-                report(
-                    &mut socket,
-                    &Report::Failed {
-                        errno: nix::libc::EINVAL,
-                        message,
-                    },
-                );
-                return Ok(());
-            }
-            // The worker gave up before the program started.
-            _ => return Ok(()),
-        }
+    let Some((first, env)) = first_renewal(&rx, &mut socket) else {
+        return Ok(());
     };
     if first <= Instant::now() {
         report(&mut socket, &Report::Expired);
@@ -227,6 +195,88 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
         return Err(e.into());
     }
 
+    let (status, expired) = watch_program(&rx, first, group, pid);
+    // Whatever the program left in its group must not outlive it.
+    let _ = killpg(group, Signal::SIGKILL);
+    let status = match status {
+        Some(Ok(status)) => status,
+        Some(Err(e)) => return Err(e.into()),
+        None => return Ok(()),
+    };
+    let last = match (status.code(), status.signal()) {
+        (Some(code), _) => Report::Exited(code),
+        (None, Some(9)) if expired => Report::Expired,
+        (None, signal) => Report::Signalled(signal.unwrap_or(9)),
+    };
+    report(&mut socket, &last);
+    Ok(())
+}
+
+/// `[--as UID:GID:GROUPS] -- PROGRAM ARGS...`: the identity the program
+/// runs as, the program and its arguments.
+fn parse_args(
+    args: &[OsString],
+) -> Result<(Option<Switch>, &OsString, &[OsString]), SupervisorError> {
+    // `--as UID:GID:GROUPS`: the identity the program runs as.
+    let (switch, args) = match args.split_first() {
+        Some((flag, rest)) if flag == "--as" => {
+            let (spec, rest) = rest.split_first().ok_or(SupervisorError::Usage)?;
+            let switch = spec
+                .to_str()
+                .and_then(Switch::parse)
+                .ok_or(SupervisorError::Usage)?;
+            (Some(switch), rest)
+        }
+        _ => (None, args),
+    };
+    let (program, program_args) = match args.split_first() {
+        Some((dashes, rest)) if dashes == "--" => {
+            rest.split_first().ok_or(SupervisorError::Usage)?
+        }
+        _ => return Err(SupervisorError::Usage),
+    };
+    Ok((switch, program, program_args))
+}
+
+/// Waits for the first renewal, keeping the environment sent before it:
+/// nothing starts without a deadline. `None` (reported to the worker when
+/// it is a malformed line) when the worker gave up first.
+fn first_renewal(
+    rx: &mpsc::Receiver<Event>,
+    socket: &mut StdUnixStream,
+) -> Option<(Instant, Vec<(String, String)>)> {
+    let mut env = Vec::new();
+    loop {
+        match rx.recv() {
+            Ok(Event::Control(_, Control::Env(vars))) => env = vars,
+            Ok(Event::Control(at, Control::Renew(d))) => return Some((at + d, env)),
+            Ok(Event::Malformed(line)) => {
+                let message = format!("unreadable control line {}", describe_line(&line));
+                report(
+                    socket,
+                    &Report::Failed {
+                        errno: nix::libc::EINVAL,
+                        message,
+                    },
+                );
+                return None;
+            }
+            // The worker gave up before the program started.
+            _ => return None,
+        }
+    }
+}
+
+/// Renews the program's deadline on each renewal and kills its group when
+/// the deadline passes, the worker asks, says something unreadable or goes
+/// away; returns once the program has exited (`None`: its exit is not
+/// known) and whether its lease expired.
+fn watch_program(
+    rx: &mpsc::Receiver<Event>,
+    first: Instant,
+    group: Pid,
+    pid: u32,
+) -> (Option<std::io::Result<ExitStatus>>, bool) {
     // `None` once the deadline has passed or the worker is gone: from then
     // on only the program's end is awaited.
     let mut deadline = Some(first);
@@ -277,20 +327,7 @@ fn supervise(args: Vec<OsString>) -> Result<(), SupervisorError> {
             Event::Exited(status) => break Some(status),
         }
     };
-    // Whatever the program left in its group must not outlive it.
-    let _ = killpg(group, Signal::SIGKILL);
-    let status = match status {
-        Some(Ok(status)) => status,
-        Some(Err(e)) => return Err(e.into()),
-        None => return Ok(()),
-    };
-    let last = match (status.code(), status.signal()) {
-        (Some(code), _) => Report::Exited(code),
-        (None, Some(9)) if expired => Report::Expired,
-        (None, signal) => Report::Signalled(signal.unwrap_or(9)),
-    };
-    report(&mut socket, &last);
-    Ok(())
+    (status, expired)
 }
 
 /// The worker's end of the socket pair, from stdin (a copy with

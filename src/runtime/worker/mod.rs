@@ -285,6 +285,40 @@ pub async fn run(
     }
     let stopped = CancellationToken::new();
     let wake = Arc::new(Notify::new());
+    let services = spawn_services(
+        &shared,
+        finish_rx,
+        heartbeat_pool,
+        (jobs, legacy_retry),
+        min_ttl,
+        &wake,
+        &stopped,
+    );
+    info!(
+        worker_id = %opts.worker_id,
+        concurrency = opts.concurrency,
+        jobs = %specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>().join(","),
+        "worker started"
+    );
+    let mut claim_loop = ClaimLoop::new(shared.clone(), specs.into(), wake);
+    claim_loop.run().await;
+    claim_loop.give_back().await;
+    shut_down(&shared, claim_loop.tasks, services, stopped).await;
+}
+
+/// Spawns the service loops: the completer, the heartbeat loop, the
+/// recovery loop (for `jobs`, with the legacy retry policy for the second
+/// list) and, unless told not to, the LISTEN loop.
+fn spawn_services(
+    shared: &Arc<Shared>,
+    finish_rx: mpsc::UnboundedReceiver<FinishRequest>,
+    heartbeat_pool: PgPool,
+    (jobs, legacy_retry): (Vec<JobName>, Vec<JobName>),
+    min_ttl: Duration,
+    wake: &Arc<Notify>,
+    stopped: &CancellationToken,
+) -> JoinSet<()> {
+    let (pool, opts) = (&shared.pool, &shared.opts);
     let mut services = JoinSet::new();
     // The completer outlives every run task: it stops only when `stopped`
     // fires, after the last task has ended.
@@ -312,63 +346,103 @@ pub async fn run(
         let listen_pool = opts.listen_pool.clone().unwrap_or_else(|| pool.clone());
         services.spawn(listen_loop(listen_pool, wake.clone(), stopped.clone()));
     }
-    info!(
-        worker_id = %opts.worker_id,
-        concurrency = opts.concurrency,
-        jobs = %specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>().join(","),
-        "worker started"
-    );
+    services
+}
 
-    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1) as usize));
-    let mut tasks = JoinSet::new();
-    let mut backoff = Backoff::new();
-    let mut local = LocalQueue::new(opts.prefetch as usize, opts.concurrency.max(1) as usize);
-    let specs: Arc<[ClaimSpec]> = specs.into();
-    // A claim runs as a task of its own, so runs already claimed keep
-    // starting from the local queue while it is out, and a second may go out
-    // while the first is on the server.
-    let mut claims: JoinSet<ClaimResult> = JoinSet::new();
-    // What each claim out has asked for, by task, so that a claim that ends
-    // in any way (a panic included) gives back only its own.
-    let mut wants: HashMap<tokio::task::Id, usize> = HashMap::new();
-    let mut claim_not_before = Instant::now();
-    // Set when a claim found fewer due runs than it asked for: the next one
-    // waits for a reason to look again (a notification, the poll interval,
-    // a slot given back), or an idle worker would claim in a tight loop.
-    let mut drained = false;
-    while !signals.shutdown.is_cancelled() {
-        // Let run tasks that are ready give their slots back first, so one
-        // claim takes them all rather than one each.
-        tokio::task::yield_now().await;
-        while let Some(done) = tasks.try_join_next() {
-            log_task_end(done);
+/// The claim loop's state: the runs claimed and waiting for a slot, the
+/// claims out, and the run tasks.
+struct ClaimLoop {
+    shared: Arc<Shared>,
+    specs: Arc<[ClaimSpec]>,
+    wake: Arc<Notify>,
+    /// The execution slots (`--concurrency`).
+    permits: Arc<Semaphore>,
+    tasks: JoinSet<()>,
+    backoff: Backoff,
+    local: LocalQueue,
+    /// A claim runs as a task of its own, so runs already claimed keep
+    /// starting from the local queue while it is out, and a second may go
+    /// out while the first is on the server.
+    claims: JoinSet<ClaimResult>,
+    /// What each claim out has asked for, by task, so that a claim that ends
+    /// in any way (a panic included) gives back only its own.
+    wants: HashMap<tokio::task::Id, usize>,
+    claim_not_before: Instant,
+    /// Set when a claim found fewer due runs than it asked for: the next one
+    /// waits for a reason to look again (a notification, the poll interval,
+    /// a slot given back), or an idle worker would claim in a tight loop.
+    drained: bool,
+}
+
+impl ClaimLoop {
+    /// A loop with every slot free and nothing claimed.
+    fn new(shared: Arc<Shared>, specs: Arc<[ClaimSpec]>, wake: Arc<Notify>) -> Self {
+        let opts = &shared.opts;
+        ClaimLoop {
+            permits: Arc::new(Semaphore::new(opts.concurrency.max(1) as usize)),
+            tasks: JoinSet::new(),
+            backoff: Backoff::new(),
+            local: LocalQueue::new(opts.prefetch as usize, opts.concurrency.max(1) as usize),
+            claims: JoinSet::new(),
+            wants: HashMap::new(),
+            claim_not_before: Instant::now(),
+            drained: false,
+            shared,
+            specs,
+            wake,
         }
-        let now = Instant::now();
+    }
+
+    /// Claims and starts runs until `shutdown` fires.
+    async fn run(&mut self) {
+        while !self.shared.signals.shutdown.is_cancelled() {
+            // Let run tasks that are ready give their slots back first, so one
+            // claim takes them all rather than one each.
+            tokio::task::yield_now().await;
+            while let Some(done) = self.tasks.try_join_next() {
+                log_task_end(done);
+            }
+            let now = Instant::now();
+            self.start_queued(now);
+            self.send_claim(now);
+            self.wait().await;
+        }
+    }
+
+    /// Releases the queued runs past their deadline, and starts queued runs
+    /// while execution slots are free.
+    fn start_queued(&mut self, now: Instant) {
+        let (shared, local, tasks) = (&self.shared, &mut self.local, &mut self.tasks);
         let overdue = local.take_overdue(now);
         if !overdue.is_empty() {
             tasks.spawn(release_queued(shared.clone(), overdue));
         }
         while local.len() > 0 {
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
+            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
             if let Some(q) = local.pop(now) {
                 tasks.spawn(execute(shared.clone(), q.lease, permit, q.claim_sent));
             }
         }
-        if claims.len() < CLAIMS_IN_FLIGHT && !drained && now >= claim_not_before {
+    }
+
+    /// Sends a claim if there is room for one, and runs to ask for.
+    fn send_claim(&mut self, now: Instant) {
+        let (local, wants) = (&mut self.local, &mut self.wants);
+        if self.claims.len() < CLAIMS_IN_FLIGHT && !self.drained && now >= self.claim_not_before {
             // Room for the free slots and for the queue's target; a claim
             // only for the queue waits until it is half empty, so claims
             // stay large.
-            let free = permits.available_permits();
+            let free = self.permits.available_permits();
             let target = local.target(now);
             let requested: usize = wants.values().sum();
             let want = (free + target).saturating_sub(local.len() + requested);
             if want > 0 && (free > requested || (local.len() + requested) * 2 <= target) {
-                let pool = pool.clone();
-                let worker_id = opts.worker_id.clone();
-                let specs = specs.clone();
-                let task = claims.spawn(async move {
+                let pool = self.shared.pool.clone();
+                let worker_id = self.shared.opts.worker_id.clone();
+                let specs = self.specs.clone();
+                let task = self.claims.spawn(async move {
                     // Before the statement: the leases it grants last at
                     // least their ttl from here.
                     let sent = Instant::now();
@@ -378,17 +452,37 @@ pub async fn run(
                 wants.insert(task.id(), want);
             }
         }
+    }
+
+    /// Waits for a reason to look again: a signal, a notification, a slot
+    /// given back, the poll interval, a queued run's deadline, the end of a
+    /// claim's backoff, a claim's result or a run task's end.
+    async fn wait(&mut self) {
+        let Self {
+            shared,
+            specs,
+            wake,
+            tasks,
+            backoff,
+            local,
+            claims,
+            wants,
+            claim_not_before,
+            drained,
+            ..
+        } = self;
+        let (opts, signals) = (&shared.opts, &shared.signals);
         let next_deadline = local
             .next_deadline()
             .unwrap_or_else(|| Instant::now() + opts.poll_interval);
-        let waiting = claims.is_empty() && claim_not_before > Instant::now();
+        let waiting = claims.is_empty() && *claim_not_before > Instant::now();
         tokio::select! {
             _ = signals.shutdown.cancelled() => {}
-            _ = wake.notified() => drained = false,
-            _ = shared.slot_freed.notified() => drained = false,
-            _ = tokio::time::sleep(opts.poll_interval) => drained = false,
+            _ = wake.notified() => *drained = false,
+            _ = shared.slot_freed.notified() => *drained = false,
+            _ = tokio::time::sleep(opts.poll_interval) => *drained = false,
             _ = tokio::time::sleep_until(next_deadline.into()), if local.len() > 0 => {}
-            _ = tokio::time::sleep_until(claim_not_before.into()), if waiting => {}
+            _ = tokio::time::sleep_until((*claim_not_before).into()), if waiting => {}
             Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
                 let id = match &done {
                     Ok((id, _)) => *id,
@@ -398,35 +492,53 @@ pub async fn run(
                 match done {
                     Ok((_, (sent, Ok(leases)))) => {
                         backoff.reset();
-                        drained = leases.len() < want;
-                        queue_claimed(&mut local, &specs, leases, sent);
+                        *drained = leases.len() < want;
+                        queue_claimed(local, specs, leases, sent);
                     }
                     Ok((_, (_, Err(e)))) => {
                         let delay = backoff.next();
                         warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "claim failed; retrying");
-                        claim_not_before = Instant::now() + delay;
+                        *claim_not_before = Instant::now() + delay;
                     }
                     Err(e) => error!(error = %e, "claim task ended abnormally"),
                 }
             }
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                drained = false;
+                *drained = false;
                 log_task_end(done);
             }
         }
     }
-    // A claim still out may commit leases: wait for it (it is one statement)
-    // and give back, with everything queued, what it returns.
-    while let Some(done) = claims.join_next().await {
-        if let Ok((sent, Ok(leases))) = done {
-            queue_claimed(&mut local, &specs, leases, sent);
+
+    /// After the loop: waits for the claims still out and releases what
+    /// they return, with everything queued.
+    async fn give_back(&mut self) {
+        let (local, specs) = (&mut self.local, &self.specs);
+        // A claim still out may commit leases: wait for it (it is one statement)
+        // and give back, with everything queued, what it returns.
+        while let Some(done) = self.claims.join_next().await {
+            if let Ok((sent, Ok(leases))) = done {
+                queue_claimed(local, specs, leases, sent);
+            }
+        }
+        let queued = local.take_all();
+        if !queued.is_empty() {
+            self.tasks
+                .spawn(release_queued(self.shared.clone(), queued));
         }
     }
-    let queued = local.take_all();
-    if !queued.is_empty() {
-        tasks.spawn(release_queued(shared.clone(), queued));
-    }
+}
 
+/// Lets the running handlers reach a chunk boundary within `--grace`, then
+/// aborts them, and bounds the rest: the run tasks, the service loops and
+/// the registry row, within [`ABORT_BOUND`] of the abort.
+async fn shut_down(
+    shared: &Shared,
+    mut tasks: JoinSet<()>,
+    mut services: JoinSet<()>,
+    stopped: CancellationToken,
+) {
+    let (pool, opts, signals) = (&shared.pool, &shared.opts, &shared.signals);
     info!(
         worker_id = %opts.worker_id,
         running = tasks.len(),
@@ -479,7 +591,7 @@ pub async fn run(
     }
     match tokio::time::timeout_at(
         started + ABORT_BOUND,
-        worker_registry::deregister(&pool, &opts.worker_id),
+        worker_registry::deregister(pool, &opts.worker_id),
     )
     .await
     {
@@ -644,12 +756,35 @@ async fn execute(
         worker_id = %shared.opts.worker_id,
         "run started"
     );
+    let end = run_handler(&shared, &lease, job, ctx, &lost, &fences).await;
+    let counts = AttemptCounts {
+        processed: progress.processed(),
+        failed: progress.failed(),
+    };
+    let finish = finish_for(end, &lease, &cfg, &lost, &cancel);
+    complete(&shared, &lease, slot, finish, counts, &lost, started).await;
+}
+
+/// How a handler's attempt ended: it returned, its lease was lost, or the
+/// worker aborted it.
+enum End {
+    Handler(Result<Outcome, JobError>),
+    Lost,
+    Aborted,
+}
+
+/// Spawns the handler and waits for it, for the lease to be lost or for an
+/// abort; a handler that did not return is dropped and its own blocked
+/// sessions ended.
+async fn run_handler(
+    shared: &Shared,
+    lease: &Lease,
+    job: Arc<dyn crate::runtime::job::Job>,
+    ctx: JobContext,
+    lost: &CancellationToken,
+    fences: &queue::blockers::FenceSessions,
+) -> End {
     let mut handle = tokio::spawn(async move { job.run(&ctx).await });
-    enum End {
-        Handler(Result<Outcome, JobError>),
-        Lost,
-        Aborted,
-    }
     let end = tokio::select! {
         r = &mut handle => End::Handler(match r {
             Ok(r) => r,
@@ -668,13 +803,21 @@ async fn execute(
         let open = fences.snapshot();
         handle.abort();
         let _ = handle.await;
-        end_own_sessions(&shared, &lease, &open).await;
+        end_own_sessions(shared, lease, &open).await;
     }
-    let counts = AttemptCounts {
-        processed: progress.processed(),
-        failed: progress.failed(),
-    };
-    let finish = match end {
+    end
+}
+
+/// The finish an attempt's end calls for; `None` when the lease is lost
+/// and nothing more may be written.
+fn finish_for(
+    end: End,
+    lease: &Lease,
+    cfg: &JobConfig,
+    lost: &CancellationToken,
+    cancel: &CancellationToken,
+) -> Option<Finish> {
+    match end {
         End::Handler(Ok(Outcome::Succeeded)) => Some(Finish::Succeeded),
         End::Handler(Ok(Outcome::Skipped(reason))) => Some(Finish::Skipped { reason }),
         End::Handler(Err(JobError::Retryable(error))) => Some(Finish::Retry {
@@ -696,7 +839,20 @@ async fn execute(
             })
         }
         End::Handler(Err(JobError::Cancelled)) | End::Aborted => Some(Finish::Release),
-    };
+    }
+}
+
+/// Gives the execution slot back (after taking a finishing slot), writes
+/// the finish, counts the attempt and forgets the lease.
+async fn complete(
+    shared: &Shared,
+    lease: &Lease,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    finish: Option<Finish>,
+    counts: AttemptCounts,
+    lost: &CancellationToken,
+    started: Instant,
+) {
     // Take a finishing slot before giving the execution slot back, so the
     // leases held stay bounded.
     let finishing = shared.finishing.clone().acquire_owned().await;
@@ -721,10 +877,10 @@ async fn execute(
             processed = counts.processed, failed = counts.failed, elapsed_ms,
             outcome = "lease_lost", "run stopped: lease lost, nothing more is written"
         ),
-        Some(Finish::Release) => release(&shared, &lease, counts).await,
+        Some(Finish::Release) => release(shared, lease, counts).await,
         Some(f) => {
             if let Some(status) =
-                finish_with_retries(&shared, &lease, &f, counts, &lost, elapsed_ms).await
+                finish_with_retries(shared, lease, &f, counts, lost, elapsed_ms).await
             {
                 record(outcome_name(&f, status));
             }

@@ -391,18 +391,7 @@ fn tick_json(source: &str, which: &str, t: &JobTick, m: &Measured<()>) -> serde_
 /// The scenario: see the module's doc.
 pub async fn scopes(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serde_json::Value> {
     let n: usize = if size == Size::Full { 10_000 } else { 100 };
-    sqlx::raw_sql(
-        "DROP TABLE IF EXISTS bench_sellers; DROP TABLE IF EXISTS bench_scope_keys; \
-         CREATE TABLE bench_sellers (id bigint PRIMARY KEY); \
-         CREATE TABLE bench_scope_keys (k text PRIMARY KEY)",
-    )
-    .execute(pool)
-    .await?;
-    sqlx::query("INSERT INTO bench_sellers SELECT generate_series(1, $1)")
-        .bind(n as i64)
-        .execute(pool)
-        .await?;
-    sqlx::query("ANALYZE bench_sellers").execute(pool).await?;
+    create_sellers(pool, n).await?;
     // The firing lies about twelve hours from the database's now, so both
     // ticks, a few seconds apart, see the same single period.
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
@@ -443,61 +432,9 @@ pub async fn scopes(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serd
     };
     let first_key = JobKey::parse(first_key)?;
     let template = first_key.unscoped().to_string();
-    let bare_sql = "INSERT INTO bench_scope_keys (k) \
-                    SELECT $1 || '@' || s FROM (SELECT 'seller-' || id FROM bench_sellers) AS q(s) \
-                    ON CONFLICT DO NOTHING";
-    let t = Instant::now();
-    let inserted = sqlx::query(bare_sql)
-        .bind(&template)
-        .execute(pool)
-        .await?
-        .rows_affected();
-    let bare_ms = t.elapsed().as_secs_f64() * 1000.0;
-    let t = Instant::now();
-    let again = sqlx::query(bare_sql)
-        .bind(&template)
-        .execute(pool)
-        .await?
-        .rows_affected();
-    let bare_again_ms = t.elapsed().as_secs_f64() * 1000.0;
-    if inserted != n as u64 || again != 0 {
-        bail!("the bare INSERT inserted {inserted}, then {again}");
-    }
+    let (bare_ms, bare_again_ms) = bare_insert(pool, &template, n).await?;
 
-    // Baseline: the engine, one enqueue statement per scope, for the day
-    // before the tick's period, as `batchonce enqueue --scope` does it.
-    let job = JobName::parse(batchonce_workers::settlement::NAME)?;
-    let cfg = by_query
-        .job(&job)
-        .cloned()
-        .context("the configuration has no daily-settlement")?;
-    let day_before = batchonce::key::parse_date(first_key.period())?
-        .pred_opt()
-        .context("the tick's period has no day before")?;
-    let periods = producer::periods_for_dates(&cfg, &[day_before]).map_err(anyhow::Error::msg)?;
-    let scopes: Vec<Scope> = (1..=n)
-        .map(|i| Scope::parse(&format!("seller-{i}")))
-        .collect::<Result<_, _>>()?;
-    let (per_key_new, per_key) = meter
-        .measure(pool, async {
-            let mut new = 0;
-            for scope in &scopes {
-                let runs =
-                    producer::runs_for_scopes(&job, &cfg, &periods, std::slice::from_ref(scope))
-                        .map_err(anyhow::Error::msg)?;
-                new += queue::enqueue(&producer_pool, &runs, Clock::Db)
-                    .await?
-                    .enqueued
-                    .len();
-            }
-            Ok::<_, anyhow::Error>(new)
-        })
-        .await?
-        .split();
-    let per_key_new = per_key_new?;
-    if per_key_new != n {
-        bail!("one statement per key enqueued {per_key_new} of {n}");
-    }
+    let per_key = per_key_enqueue(&meter, pool, &producer_pool, &by_query, &first_key, n).await?;
     producer_pool.close().await;
 
     let method = meter.method();
@@ -553,4 +490,95 @@ pub async fn scopes(pool: &PgPool, url: &str, size: Size) -> anyhow::Result<serd
         },
         "per_key_over_first_tick": round1(per_key.ms / first_m.ms),
     }))
+}
+
+/// The scenario's sellers: `n` rows of `bench_sellers`, and an empty
+/// `bench_scope_keys` for the baseline.
+async fn create_sellers(pool: &PgPool, n: usize) -> anyhow::Result<()> {
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_sellers; DROP TABLE IF EXISTS bench_scope_keys; \
+         CREATE TABLE bench_sellers (id bigint PRIMARY KEY); \
+         CREATE TABLE bench_scope_keys (k text PRIMARY KEY)",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("INSERT INTO bench_sellers SELECT generate_series(1, $1)")
+        .bind(n as i64)
+        .execute(pool)
+        .await?;
+    sqlx::query("ANALYZE bench_sellers").execute(pool).await?;
+    Ok(())
+}
+
+/// Baseline: the same keys (under `template`) by one bare INSERT … SELECT
+/// from the same table, then again (all duplicates). Returns both times in
+/// milliseconds.
+async fn bare_insert(pool: &PgPool, template: &str, n: usize) -> anyhow::Result<(f64, f64)> {
+    let bare_sql = "INSERT INTO bench_scope_keys (k) \
+                    SELECT $1 || '@' || s FROM (SELECT 'seller-' || id FROM bench_sellers) AS q(s) \
+                    ON CONFLICT DO NOTHING";
+    let t = Instant::now();
+    let inserted = sqlx::query(bare_sql)
+        .bind(template)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let bare_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
+    let again = sqlx::query(bare_sql)
+        .bind(template)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let bare_again_ms = t.elapsed().as_secs_f64() * 1000.0;
+    if inserted != n as u64 || again != 0 {
+        bail!("the bare INSERT inserted {inserted}, then {again}");
+    }
+    Ok((bare_ms, bare_again_ms))
+}
+
+/// Baseline: the engine, one enqueue statement per scope, measured.
+async fn per_key_enqueue(
+    meter: &Meter,
+    pool: &PgPool,
+    producer_pool: &PgPool,
+    by_query: &Config,
+    first_key: &JobKey,
+    n: usize,
+) -> anyhow::Result<Measured<()>> {
+    // Baseline: the engine, one enqueue statement per scope, for the day
+    // before the tick's period, as `batchonce enqueue --scope` does it.
+    let job = JobName::parse(batchonce_workers::settlement::NAME)?;
+    let cfg = by_query
+        .job(&job)
+        .cloned()
+        .context("the configuration has no daily-settlement")?;
+    let day_before = batchonce::key::parse_date(first_key.period())?
+        .pred_opt()
+        .context("the tick's period has no day before")?;
+    let periods = producer::periods_for_dates(&cfg, &[day_before]).map_err(anyhow::Error::msg)?;
+    let scopes: Vec<Scope> = (1..=n)
+        .map(|i| Scope::parse(&format!("seller-{i}")))
+        .collect::<Result<_, _>>()?;
+    let (per_key_new, per_key) = meter
+        .measure(pool, async {
+            let mut new = 0;
+            for scope in &scopes {
+                let runs =
+                    producer::runs_for_scopes(&job, &cfg, &periods, std::slice::from_ref(scope))
+                        .map_err(anyhow::Error::msg)?;
+                new += queue::enqueue(producer_pool, &runs, Clock::Db)
+                    .await?
+                    .enqueued
+                    .len();
+            }
+            Ok::<_, anyhow::Error>(new)
+        })
+        .await?
+        .split();
+    let per_key_new = per_key_new?;
+    if per_key_new != n {
+        bail!("one statement per key enqueued {per_key_new} of {n}");
+    }
+    Ok(per_key)
 }
