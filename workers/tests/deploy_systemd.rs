@@ -191,8 +191,8 @@ fn the_unit_checks_catch_a_broken_unit() {
         (console, "User=batchonce-console", "User=batchonce"),
         (
             console,
-            "ExecStart=/usr/local/bin/batchonce console",
-            "ExecStart=/usr/local/bin/batchonce --config /etc/batchonce/batchonce.toml console",
+            "ExecStart=/usr/bin/batchonce console",
+            "ExecStart=/usr/bin/batchonce --config /etc/batchonce/batchonce.toml console",
         ),
         (
             console,
@@ -251,7 +251,7 @@ fn systemd_analyze_verifies_the_units() {
     for path in files(&deploy().join("systemd"), &["service"]) {
         let text = std::fs::read_to_string(&path)
             .unwrap()
-            .replace("/usr/local/bin/batchonce", BIN);
+            .replace("/usr/bin/batchonce", BIN);
         let name = file_name(&path).replace("@.service", "@1.service");
         let copy = dir.join(&name);
         std::fs::write(&copy, text).unwrap();
